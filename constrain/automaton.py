@@ -1,0 +1,742 @@
+"""Byte automata: expressions over bytes (plus opaque special symbols) compiled to minimal DFAs.
+
+In: expression trees built with `literal`, `byte_set`, `chars`, `concat`, `union`, `repeat`, ...
+Out: an immutable, trimmed, minimised `Dfa` whose alphabet is partitioned into symbol classes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from constrain.errors import UnsupportedSchema
+
+N_BYTES = 256
+MAX_UNICODE = 0x10FFFF
+
+
+class BudgetExceeded(UnsupportedSchema):
+    """An automaton grew past its state budget or its compile deadline."""
+
+    def __init__(self, message: str, *, pointer: str = ""):
+        super().__init__(message, pointer=pointer, code="budget_exceeded")
+
+
+# ---------------------------------------------------------------------------
+# Expressions
+# ---------------------------------------------------------------------------
+
+
+class Expr:
+    """A regular language over bytes and special symbols. Immutable and hashable."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Bytes(Expr):
+    mask: int  # bit b set: byte b is in the set
+
+
+@dataclass(frozen=True, slots=True)
+class _Special(Expr):
+    symbol_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Concat(Expr):
+    parts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Union(Expr):
+    parts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Repeat(Expr):
+    body: Expr
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Intersect(Expr):
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class _Difference(Expr):
+    a: Expr
+    b: Expr
+
+
+EMPTY: Expr = _Concat(())
+NOTHING: Expr = _Union(())
+
+
+def literal(data: bytes) -> Expr:
+    """Exactly the bytes `data`."""
+    return concat(*(_Bytes(1 << b) for b in data))
+
+
+def byte_set(ranges: Iterable[tuple[int, int]]) -> Expr:
+    """One byte in any of the inclusive `ranges` (0..255)."""
+    mask = 0
+    for lo, hi in ranges:
+        if not 0 <= lo <= hi <= 255:
+            raise ValueError(f"byte range must lie in 0..255 with lo <= hi, got ({lo}, {hi})")
+        mask |= ((1 << (hi - lo + 1)) - 1) << lo
+    return _Bytes(mask) if mask else NOTHING
+
+
+def special(symbol_id: int) -> Expr:
+    """One opaque extra symbol (a special token named by a grammar); never a byte."""
+    return _Special(int(symbol_id))
+
+
+def concat(*parts: Expr) -> Expr:
+    """The parts one after another."""
+    flat: list[Expr] = []
+    for part in parts:
+        if part == NOTHING:
+            return NOTHING
+        if isinstance(part, _Concat):
+            flat.extend(part.parts)
+        else:
+            flat.append(part)
+    return flat[0] if len(flat) == 1 else _Concat(tuple(flat))
+
+
+def union(*parts: Expr) -> Expr:
+    """Any one of the parts."""
+    flat: list[Expr] = []
+    seen: set[Expr] = set()
+    byte_mask = 0
+    for part in parts:
+        members = part.parts if isinstance(part, _Union) else (part,)
+        for member in members:
+            if isinstance(member, _Bytes):
+                byte_mask |= member.mask
+            elif member not in seen:
+                seen.add(member)
+                flat.append(member)
+    if byte_mask:
+        flat.insert(0, _Bytes(byte_mask))
+    if len(flat) == 1:
+        return flat[0]
+    return _Union(tuple(flat))
+
+
+def optional(part: Expr) -> Expr:
+    """`part` or nothing at all."""
+    return union(EMPTY, part)
+
+
+def repeat(part: Expr, lo: int, hi: int | None = None) -> Expr:
+    """`lo` to `hi` copies of `part` (`hi=None`: unbounded). Bounded repetition stays linear in `hi`."""
+    if lo < 0 or (hi is not None and hi < lo):
+        raise ValueError(f"repeat bounds must satisfy 0 <= lo <= hi, got lo={lo}, hi={hi}")
+    if hi == 0 or part == EMPTY:
+        return EMPTY
+    if part == NOTHING:
+        return EMPTY if lo == 0 else NOTHING
+    if lo == 1 and hi == 1:
+        return part
+    return _Repeat(part, lo, hi)
+
+
+def intersect(a: Expr, b: Expr) -> Expr:
+    """Strings in both `a` and `b`."""
+    if a == NOTHING or b == NOTHING:
+        return NOTHING
+    return a if a == b else _Intersect(a, b)
+
+
+def difference(a: Expr, b: Expr) -> Expr:
+    """Strings in `a` but not in `b`."""
+    if a == NOTHING:
+        return NOTHING
+    if b == NOTHING:
+        return a
+    return _Difference(a, b)
+
+
+def _utf8_ranges(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Split the code points lo..hi (one encoded length, no surrogates) into byte-range sequences."""
+    length = 1 if hi < 0x80 else 2 if hi < 0x800 else 3 if hi < 0x10000 else 4
+    if length == 1:
+        return [[(lo, hi)]]
+    for i in range(1, length):
+        m = (1 << (6 * i)) - 1
+        if lo & ~m != hi & ~m:
+            if lo & m:
+                return _utf8_ranges(lo, lo | m) + _utf8_ranges((lo | m) + 1, hi)
+            if hi & m != m:
+                return _utf8_ranges(lo, (hi & ~m) - 1) + _utf8_ranges(hi & ~m, hi)
+    a, b = chr(lo).encode("utf-8"), chr(hi).encode("utf-8")
+    return [list(zip(a, b))]
+
+
+def chars(ranges: Iterable[tuple[int, int]]) -> Expr:
+    """One Unicode scalar value in any inclusive code-point range, UTF-8 encoded; surrogates never match."""
+    alternatives: list[Expr] = []
+    for lo, hi in ranges:
+        lo, hi = max(lo, 0), min(hi, MAX_UNICODE)
+        for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)):
+            for start, end in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, MAX_UNICODE)):
+                s, e = max(a, start), min(b, end)
+                if s <= e:
+                    for seq in _utf8_ranges(s, e):
+                        alternatives.append(concat(*(byte_set([r]) for r in seq)))
+    return union(*alternatives)
+
+
+ANY_CHAR = chars([(0, MAX_UNICODE)])
+
+
+def text_without(forbidden: bytes, alphabet: Expr = ANY_CHAR) -> Expr:
+    """Any run of `alphabet` units that does not contain the bytes `forbidden` anywhere."""
+    anything = repeat(alphabet, 0)
+    return difference(anything, concat(repeat(byte_set([(0, 255)]), 0), literal(forbidden), repeat(byte_set([(0, 255)]), 0)))
+
+
+# ---------------------------------------------------------------------------
+# DFA
+# ---------------------------------------------------------------------------
+
+
+class Dfa(Expr):
+    """A deterministic, trimmed, minimised automaton. Immutable; also usable as an expression.
+
+    Symbols 0..255 are bytes; symbol 256+i is the opaque special symbol `specials[i]`.
+    `transitions[s, class_of[symbol]]` is the next state or -1 (dead). Every state is reachable
+    from `start` and can reach an accepting state, so any target other than -1 is live.
+    """
+
+    __slots__ = ("n_states", "start", "n_classes", "class_of", "specials", "transitions", "accepting", "_digest", "_rows")
+
+    def __init__(self, transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int = 0):
+        self.transitions = np.ascontiguousarray(transitions, dtype=np.int32)
+        self.accepting = np.ascontiguousarray(accepting, dtype=bool)
+        self.class_of = np.ascontiguousarray(class_of, dtype=np.int32)
+        self.specials = tuple(specials)
+        self.start = int(start)
+        self.n_states = int(self.transitions.shape[0])
+        self.n_classes = int(self.transitions.shape[1])
+        for array in (self.transitions, self.accepting, self.class_of):
+            array.setflags(write=False)
+        self._digest: str | None = None
+        self._rows: list[list[int]] | None = None
+
+    def __getstate__(self):
+        return (self.transitions, self.accepting, self.class_of, self.specials, self.start)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    @property
+    def digest(self) -> str:
+        """A stable content hash (sha256 hex)."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            h.update(np.array([self.start, self.n_states, self.n_classes, *self.specials], dtype=np.int64).tobytes())
+            for array in (self.transitions, self.accepting, self.class_of):
+                h.update(array.tobytes())
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Dfa) and self.digest == other.digest
+
+    def __repr__(self) -> str:
+        return f"Dfa(n_states={self.n_states}, n_classes={self.n_classes}, specials={len(self.specials)})"
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the language is empty (no string is accepted)."""
+        return self.n_states == 0
+
+    def symbol_class(self, symbol: int) -> int:
+        """The class of `symbol`, or -1 for a special symbol this automaton never uses."""
+        return int(self.class_of[symbol]) if symbol < len(self.class_of) else -1
+
+    def special_symbol(self, symbol_id: int) -> int:
+        """The symbol number of the special `symbol_id`, or -1 if unused here."""
+        try:
+            return N_BYTES + self.specials.index(symbol_id)
+        except ValueError:
+            return -1
+
+    def rows(self) -> list[list[int]]:
+        """Transitions as nested Python lists (fast scalar stepping)."""
+        if self._rows is None:
+            self._rows = self.transitions.tolist()
+        return self._rows
+
+    def step(self, state: int, data: bytes) -> int:
+        """The state after reading `data` from `state`, or -1 if the automaton dies."""
+        rows, class_of = self.rows(), self.class_of
+        for byte in data:
+            if state < 0:
+                return -1
+            state = rows[state][class_of[byte]]
+        return state
+
+    def step_symbol(self, state: int, symbol: int) -> int:
+        """The state after one symbol (byte or 256+i special), or -1."""
+        if state < 0:
+            return -1
+        cls = self.symbol_class(symbol)
+        return -1 if cls < 0 else int(self.transitions[state, cls])
+
+    def matches(self, data: bytes) -> bool:
+        """True when `data` is in the language."""
+        if self.is_empty:
+            return False
+        state = self.step(self.start, data)
+        return state >= 0 and bool(self.accepting[state])
+
+
+_EMPTY_LANGUAGE = None
+
+
+def _empty_dfa() -> Dfa:
+    global _EMPTY_LANGUAGE
+    if _EMPTY_LANGUAGE is None:
+        _EMPTY_LANGUAGE = Dfa(np.zeros((0, 1), np.int32), np.zeros(0, bool), np.zeros(N_BYTES, np.int32), ())
+    return _EMPTY_LANGUAGE
+
+
+# ---------------------------------------------------------------------------
+# Compilation: expression -> NFA -> DFA -> trimmed, minimised DFA
+# ---------------------------------------------------------------------------
+
+
+class _Budget:
+    def __init__(self, max_states: int, deadline: float | None, pointer: str):
+        self.max_states = max_states
+        self.deadline = deadline
+        self.pointer = pointer
+        self._ticks = 0
+
+    def check(self, n_states: int) -> None:
+        if n_states > self.max_states:
+            raise BudgetExceeded(f"automaton exceeds the state budget of {self.max_states} states", pointer=self.pointer)
+        self._ticks += 1
+        if self.deadline is not None and self._ticks % 256 == 0 and time.monotonic() > self.deadline:
+            raise BudgetExceeded("automaton compilation exceeded its time budget", pointer=self.pointer)
+
+
+def _collect_specials(expr: Expr, out: set[int], seen: set[int]) -> None:
+    if id(expr) in seen:
+        return
+    seen.add(id(expr))
+    if isinstance(expr, _Special):
+        out.add(expr.symbol_id)
+    elif isinstance(expr, Dfa):
+        out.update(expr.specials)
+    elif isinstance(expr, (_Concat, _Union)):
+        for part in expr.parts:
+            _collect_specials(part, out, seen)
+    elif isinstance(expr, _Repeat):
+        _collect_specials(expr.body, out, seen)
+    elif isinstance(expr, (_Intersect, _Difference)):
+        _collect_specials(expr.a, out, seen)
+        _collect_specials(expr.b, out, seen)
+
+
+class _Nfa:
+    """Thompson NFA; edges carry symbol masks (Python ints over the global alphabet)."""
+
+    def __init__(self, specials: tuple[int, ...], budget: _Budget, memo: dict):
+        self.specials = specials
+        self.special_symbol = {sid: N_BYTES + i for i, sid in enumerate(specials)}
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int]]] = []
+        self.budget = budget
+        self.memo = memo  # Expr -> Dfa, for intersections/differences compiled on the way
+
+    def node(self) -> int:
+        self.eps.append([])
+        self.edges.append([])
+        self.budget.check(len(self.eps) // 4)
+        return len(self.eps) - 1
+
+    def build(self, expr: Expr, src: int, dst: int) -> None:
+        """Add paths from src to dst that spell exactly `expr`."""
+        if isinstance(expr, _Bytes):
+            self.edges[src].append((expr.mask, dst))
+        elif isinstance(expr, _Special):
+            self.edges[src].append((1 << self.special_symbol[expr.symbol_id], dst))
+        elif isinstance(expr, _Concat):
+            if not expr.parts:
+                self.eps[src].append(dst)
+                return
+            cur = src
+            for part in expr.parts[:-1]:
+                nxt = self.node()
+                self.build(part, cur, nxt)
+                cur = nxt
+            self.build(expr.parts[-1], cur, dst)
+        elif isinstance(expr, _Union):
+            for part in expr.parts:
+                self.build(part, src, dst)
+        elif isinstance(expr, _Repeat):
+            self._build_repeat(expr, src, dst)
+        elif isinstance(expr, Dfa):
+            self._embed(expr, src, dst)
+        elif isinstance(expr, (_Intersect, _Difference)):
+            dfa = self.memo.get(expr)
+            if dfa is None:
+                a = _compile(expr.a, self.budget, self.memo)
+                b = _compile(expr.b, self.budget, self.memo)
+                dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=self.budget)
+                self.memo[expr] = dfa
+            self._embed(dfa, src, dst)
+        else:
+            raise TypeError(f"not an automaton expression: {expr!r}")
+
+    def _build_repeat(self, expr: _Repeat, src: int, dst: int) -> None:
+        body, lo, hi = expr.body, expr.lo, expr.hi
+        copies = lo + (1 if hi is None else hi - lo)
+        if copies > 1 and not isinstance(body, (_Bytes, _Special, Dfa)):
+            body = _compile(body, self.budget, self.memo)  # determinise once, embed the small DFA per copy
+        cur = src
+        for _ in range(lo):
+            nxt = self.node()
+            self.build(body, cur, nxt)
+            cur = nxt
+        if hi is None:
+            loop = self.node()
+            self.eps[cur].append(loop)
+            back = self.node()
+            self.build(body, loop, back)
+            self.eps[back].append(loop)
+            self.eps[loop].append(dst)
+            return
+        self.eps[cur].append(dst)
+        for _ in range(hi - lo):
+            nxt = self.node()
+            self.build(body, cur, nxt)
+            self.eps[nxt].append(dst)
+            cur = nxt
+
+    def _embed(self, dfa: Dfa, src: int, dst: int) -> None:
+        if dfa.is_empty:
+            return
+        base = len(self.eps)
+        for _ in range(dfa.n_states):
+            self.node()
+        class_masks = [0] * dfa.n_classes
+        for symbol in range(N_BYTES):
+            class_masks[int(dfa.class_of[symbol])] |= 1 << symbol
+        for i, sid in enumerate(dfa.specials):
+            class_masks[int(dfa.class_of[N_BYTES + i])] |= 1 << self.special_symbol[sid]
+        for s, row in enumerate(dfa.rows()):
+            merged: dict[int, int] = {}
+            for cls, target in enumerate(row):
+                if target >= 0 and class_masks[cls]:
+                    merged[target] = merged.get(target, 0) | class_masks[cls]
+            self.edges[base + s] = [(mask, base + t) for t, mask in merged.items()]
+            if dfa.accepting[s]:
+                self.eps[base + s].append(dst)
+        self.eps[src].append(base + dfa.start)
+
+
+def _partition(masks: Iterable[int], n_symbols: int) -> tuple[list[int], dict[int, list[int]]]:
+    """Coarsest partition of the alphabet refining every mask; returns blocks and mask -> block ids."""
+    full = (1 << n_symbols) - 1
+    blocks = [full]
+    distinct = sorted(set(masks))
+    for m in distinct:
+        nxt = []
+        for b in blocks:
+            inside, outside = b & m, b & ~m
+            if inside and outside:
+                nxt.append(inside)
+                nxt.append(outside)
+            else:
+                nxt.append(b)
+        blocks = nxt
+    covers = {m: [i for i, b in enumerate(blocks) if b & m] for m in distinct}
+    return blocks, covers
+
+
+def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
+    n_symbols = N_BYTES + len(nfa.specials)
+    blocks, covers = _partition((m for edges in nfa.edges for m, _ in edges), n_symbols)
+    n_classes = len(blocks)
+    class_of = np.zeros(n_symbols, np.int32)
+    for i, b in enumerate(blocks):
+        while b:
+            low = b & -b
+            class_of[low.bit_length() - 1] = i
+            b ^= low
+    eps = nfa.eps
+    class_edges: list[list[tuple[list[int], int]]] = [[(covers[m], t) for m, t in edges] for edges in nfa.edges]
+
+    closure_cache: dict[frozenset, frozenset] = {}
+
+    def closure(seeds: Iterable[int]) -> frozenset:
+        key = frozenset(seeds)
+        hit = closure_cache.get(key)
+        if hit is not None:
+            return hit
+        stack = list(key)
+        seen = set(key)
+        while stack:
+            n = stack.pop()
+            for m in eps[n]:
+                if m not in seen:
+                    seen.add(m)
+                    stack.append(m)
+        # keep only nodes that carry symbol edges, plus the final node (for acceptance)
+        result = frozenset(n for n in seen if class_edges[n] or n == final)
+        closure_cache[key] = result
+        return result
+
+    first = closure([start])
+    ids: dict[frozenset, int] = {first: 0}
+    order = [first]
+    rows: list[list[int]] = []
+    i = 0
+    while i < len(order):
+        current = order[i]
+        i += 1
+        targets: dict[int, set[int]] = {}
+        for n in current:
+            for classes, t in class_edges[n]:
+                for c in classes:
+                    targets.setdefault(c, set()).add(t)
+        row = [-1] * n_classes
+        for c, ts in targets.items():
+            nxt = closure(ts)
+            j = ids.get(nxt)
+            if j is None:
+                j = len(order)
+                ids[nxt] = j
+                order.append(nxt)
+                budget.check(j)
+            row[c] = j
+        rows.append(row)
+    accepting = np.array([final in s for s in order], dtype=bool)
+    transitions = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
+    return _finish(transitions, accepting, class_of, nfa.specials, 0, budget)
+
+
+def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int, budget: _Budget) -> Dfa:
+    """Trim (keep reachable and co-reachable states), minimise, merge equal classes."""
+    n = transitions.shape[0]
+    if n == 0:
+        return _empty_dfa()
+    # co-reachable: states that can reach acceptance
+    live = accepting.copy()
+    src, cls = np.nonzero(transitions >= 0)
+    dst = transitions[src, cls]
+    order = np.argsort(dst, kind="stable")
+    src_by_dst, dst_sorted = src[order], dst[order]
+    bounds = np.searchsorted(dst_sorted, np.arange(n + 1))
+    stack = list(np.nonzero(live)[0])
+    while stack:
+        t = stack.pop()
+        for s in src_by_dst[bounds[t]:bounds[t + 1]]:
+            if not live[s]:
+                live[s] = True
+                stack.append(int(s))
+    if not live[start]:
+        return _empty_dfa()
+    trans = np.where((transitions >= 0) & live[np.maximum(transitions, 0)], transitions, -1)
+    # reachable from start through live states
+    reach = np.zeros(n, bool)
+    reach[start] = True
+    stack = [start]
+    while stack:
+        s = stack.pop()
+        for t in trans[s]:
+            if t >= 0 and not reach[t]:
+                reach[t] = True
+                stack.append(int(t))
+    keep = np.nonzero(reach)[0]
+    renumber = np.full(n + 1, -1, np.int32)
+    renumber[keep] = np.arange(len(keep), dtype=np.int32)
+    trans = renumber[trans[keep]]  # -1 indexes the last slot, which stays -1
+    acc = accepting[keep]
+    start = int(renumber[start])
+    trans, acc, start = _minimise(trans, acc, start, budget)
+    # merge classes whose columns are identical
+    cols, class_map = np.unique(trans.T, axis=0, return_inverse=True)
+    class_map = class_map.reshape(-1)
+    return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, start)
+
+
+def _minimise(trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget) -> tuple[np.ndarray, np.ndarray, int]:
+    """Moore partition refinement, vectorised with numpy."""
+    n, k = trans.shape
+    block = accepting.astype(np.int64)
+    n_blocks = len(np.unique(block))
+    while True:
+        target_blocks = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
+        signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))
+        view = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1]))).reshape(-1)
+        _, new_block = np.unique(view, return_inverse=True)
+        new_block = new_block.reshape(-1).astype(np.int64)
+        new_n = int(new_block.max()) + 1
+        budget.check(0)
+        if new_n == n_blocks:
+            break
+        block, n_blocks = new_block, new_n
+    if n_blocks == n:
+        return trans, accepting, start
+    # renumber blocks in order of first appearance so the start state becomes 0 after BFS below
+    rep = np.full(n_blocks, -1, np.int64)
+    rep[block[::-1]] = np.arange(n - 1, -1, -1)
+    new_trans = trans[rep]
+    new_trans = np.where(new_trans >= 0, block[np.maximum(new_trans, 0)], -1).astype(np.int32)
+    return new_trans, accepting[rep], int(block[start])
+
+
+def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
+    """Intersection (keep_b) or difference (not keep_b) of two DFAs."""
+    specials = tuple(sorted(set(a.specials) | set(b.specials)))
+    n_symbols = N_BYTES + len(specials)
+
+    def remap(d: Dfa) -> np.ndarray:
+        out = np.full(n_symbols, -1, np.int64)
+        out[:N_BYTES] = d.class_of[:N_BYTES]
+        for i, sid in enumerate(specials):
+            sym = d.special_symbol(sid)
+            if sym >= 0:
+                out[N_BYTES + i] = d.class_of[sym]
+        return out
+
+    ca, cb = remap(a), remap(b)
+    pair = (ca + 1) * (b.n_classes + 1) + (cb + 1)
+    uniq, class_of = np.unique(pair, return_inverse=True)
+    class_of = class_of.reshape(-1).astype(np.int32)
+    pa = [int(p // (b.n_classes + 1)) - 1 for p in uniq]
+    pb = [int(p % (b.n_classes + 1)) - 1 for p in uniq]
+    ra = a.rows() if not a.is_empty else []
+    rb = b.rows() if not b.is_empty else []
+    if a.is_empty:
+        return _empty_dfa()
+    start = (a.start, b.start if not b.is_empty else -1)
+    ids = {start: 0}
+    order = [start]
+    rows = []
+    i = 0
+    while i < len(order):
+        sa, sb = order[i]
+        i += 1
+        row = []
+        for c in range(len(uniq)):
+            ta = ra[sa][pa[c]] if pa[c] >= 0 else -1
+            tb = rb[sb][pb[c]] if (sb >= 0 and pb[c] >= 0) else -1
+            if ta < 0 or (keep_b and tb < 0):
+                row.append(-1)
+                continue
+            key = (ta, tb)
+            j = ids.get(key)
+            if j is None:
+                j = len(order)
+                ids[key] = j
+                order.append(key)
+                budget.check(j)
+            row.append(j)
+        rows.append(row)
+    acc_a, acc_b = a.accepting, b.accepting
+    if keep_b:
+        accepting = np.array([bool(acc_a[x]) and bool(acc_b[y]) for x, y in order])
+    else:
+        accepting = np.array([bool(acc_a[x]) and not (y >= 0 and bool(acc_b[y])) for x, y in order])
+    transitions = np.array(rows, dtype=np.int32).reshape(len(rows), len(uniq))
+    return _finish(transitions, accepting, class_of, specials, 0, budget)
+
+
+def _compile(expr: Expr, budget: _Budget, memo: dict) -> Dfa:
+    if isinstance(expr, Dfa):
+        return expr
+    hit = memo.get(expr)
+    if hit is not None:
+        return hit
+    found: set[int] = set()
+    _collect_specials(expr, found, set())
+    nfa = _Nfa(tuple(sorted(found)), budget, memo)
+    start, final = nfa.node(), nfa.node()
+    nfa.build(expr, start, final)
+    dfa = _determinise(nfa, start, final, budget)
+    memo[expr] = dfa
+    return dfa
+
+
+def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = None, pointer: str = "") -> Dfa:  # noqa: A001
+    """Compile an expression to a deterministic, trimmed, minimised automaton.
+
+    Args:
+        expr: the language to compile.
+        max_states: the state budget for every intermediate automaton.
+        deadline: a `time.monotonic()` instant after which compilation stops.
+        pointer: JSON Pointer reported in a budget error.
+    Returns:
+        The `Dfa` (empty: `n_states == 0` when the language is empty).
+    Raises:
+        BudgetExceeded: an intermediate automaton passed `max_states` or the deadline passed.
+    """
+    return _compile(expr, _Budget(max_states, deadline, pointer), {})
+
+
+def shortest_distances(dfa: Dfa) -> np.ndarray:
+    """For each state, the fewest symbols needed to reach acceptance (int64 [n_states])."""
+    n = dfa.n_states
+    dist = np.full(n, np.iinfo(np.int64).max, np.int64)
+    dist[dfa.accepting] = 0
+    frontier = dfa.accepting.copy()
+    d = 0
+    while frontier.any():
+        d += 1
+        reaches = np.isin(dfa.transitions, np.nonzero(frontier)[0]).any(axis=1)
+        frontier = reaches & (dist == np.iinfo(np.int64).max)
+        dist[frontier] = d
+    return dist
+
+
+def accepted_strings(dfa: Dfa, limit: int = 1000, max_len: int = 64) -> list[bytes]:
+    """Up to `limit` accepted byte strings, shortest first (specials skipped); for tests and docs."""
+    out: list[bytes] = []
+    if dfa.is_empty:
+        return out
+    queue: list[tuple[int, bytes]] = [(dfa.start, b"")]
+    rows = dfa.rows()
+    class_rep = {}
+    for b in range(N_BYTES):
+        class_rep.setdefault(int(dfa.class_of[b]), b)
+    while queue and len(out) < limit:
+        nxt = []
+        for s, prefix in queue:
+            if dfa.accepting[s]:
+                out.append(prefix)
+            if len(prefix) < max_len:
+                for cls, b in class_rep.items():
+                    t = rows[s][cls]
+                    if t >= 0:
+                        nxt.append((t, prefix + bytes([b])))
+        queue = nxt[: limit * 4]
+    return out[:limit]
+
+
+def sequence_of(items: Sequence[Expr], separator: Expr) -> Expr:
+    """items[0] sep items[1] sep ... (a convenience for fixed-length lists)."""
+    parts: list[Expr] = []
+    for i, item in enumerate(items):
+        if i:
+            parts.append(separator)
+        parts.append(item)
+    return concat(*parts)
