@@ -32,48 +32,54 @@ class BudgetExceeded(UnsupportedSchema):
 
 
 class Expr:
-    """A regular language over bytes and special symbols. Immutable and hashable."""
+    """A regular language over bytes and special symbols. Immutable; hashed by identity (a Dfa by content)."""
 
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Bytes(Expr):
     mask: int  # bit b set: byte b is in the set
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Special(Expr):
     symbol_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Concat(Expr):
     parts: tuple[Expr, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Union(Expr):
     parts: tuple[Expr, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Repeat(Expr):
     body: Expr
     lo: int
     hi: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Intersect(Expr):
     a: Expr
     b: Expr
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Difference(Expr):
     a: Expr
     b: Expr
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Substitute(Expr):
+    body: Expr
+    mapping: tuple[tuple[int, Expr], ...]
 
 
 EMPTY: Expr = _Concat(())
@@ -110,6 +116,8 @@ def concat(*parts: Expr) -> Expr:
             flat.extend(part.parts)
         else:
             flat.append(part)
+    if not flat:
+        return EMPTY
     return flat[0] if len(flat) == 1 else _Concat(tuple(flat))
 
 
@@ -128,6 +136,8 @@ def union(*parts: Expr) -> Expr:
                 flat.append(member)
     if byte_mask:
         flat.insert(0, _Bytes(byte_mask))
+    if not flat:
+        return NOTHING
     if len(flat) == 1:
         return flat[0]
     return _Union(tuple(flat))
@@ -165,6 +175,13 @@ def difference(a: Expr, b: Expr) -> Expr:
     if b == NOTHING:
         return a
     return _Difference(a, b)
+
+
+def substitute(part: Expr, mapping: dict[int, Expr]) -> Expr:
+    """Replace every byte `b` in `part`'s strings by the language `mapping[b]` (bytes not in it stay)."""
+    if not mapping or part in (EMPTY, NOTHING):
+        return part
+    return _Substitute(part, tuple(sorted(mapping.items())))
 
 
 def _utf8_ranges(lo: int, hi: int) -> list[list[tuple[int, int]]]:
@@ -349,6 +366,10 @@ def _collect_specials(expr: Expr, out: set[int], seen: set[int]) -> None:
             _collect_specials(part, out, seen)
     elif isinstance(expr, _Repeat):
         _collect_specials(expr.body, out, seen)
+    elif isinstance(expr, _Substitute):
+        _collect_specials(expr.body, out, seen)
+        for _, sub in expr.mapping:
+            _collect_specials(sub, out, seen)
     elif isinstance(expr, (_Intersect, _Difference)):
         _collect_specials(expr.a, out, seen)
         _collect_specials(expr.b, out, seen)
@@ -394,6 +415,8 @@ class _Nfa:
             self._build_repeat(expr, src, dst)
         elif isinstance(expr, Dfa):
             self._embed(expr, src, dst)
+        elif isinstance(expr, _Substitute):
+            self._embed(_compile(expr.body, self.budget, self.memo), src, dst, dict(expr.mapping))
         elif isinstance(expr, (_Intersect, _Difference)):
             dfa = self.memo.get(expr)
             if dfa is None:
@@ -430,12 +453,13 @@ class _Nfa:
             self.eps[nxt].append(dst)
             cur = nxt
 
-    def _embed(self, dfa: Dfa, src: int, dst: int) -> None:
+    def _embed(self, dfa: Dfa, src: int, dst: int, mapping: dict[int, Expr] | None = None) -> None:
         if dfa.is_empty:
             return
         base = len(self.eps)
         for _ in range(dfa.n_states):
             self.node()
+        mapped_mask = sum(1 << b for b in mapping) if mapping else 0
         class_masks = [0] * dfa.n_classes
         for symbol in range(N_BYTES):
             class_masks[int(dfa.class_of[symbol])] |= 1 << symbol
@@ -446,7 +470,16 @@ class _Nfa:
             for cls, target in enumerate(row):
                 if target >= 0 and class_masks[cls]:
                     merged[target] = merged.get(target, 0) | class_masks[cls]
-            self.edges[base + s] = [(mask, base + t) for t, mask in merged.items()]
+            edges = []
+            for t, mask in merged.items():
+                if mask & mapped_mask:
+                    for b in range(N_BYTES):
+                        if mask >> b & 1 and b in mapping:
+                            self.build(mapping[b], base + s, base + t)
+                    mask &= ~mapped_mask
+                if mask:
+                    edges.append((mask, base + t))
+            self.edges[base + s].extend(edges)
             if dfa.accepting[s]:
                 self.eps[base + s].append(dst)
         self.eps[src].append(base + dfa.start)
