@@ -1,0 +1,630 @@
+"""Token index: a byte DFA × a vocabulary → one packed int32 token mask per DFA state, plus the per-sequence cursor."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from constrain.errors import InternalError, MaskViolation
+
+__all__ = ["TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_build"]
+
+# Eager builds walk several states at once; a batch's boolean scratch is capped at this many bytes.
+_EAGER_BATCH_BYTES = 16 << 20
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Byte trie of a vocabulary (independent of any DFA, cached per vocabulary fingerprint)
+
+
+@dataclass(frozen=True, eq=False)
+class _Trie:
+    """Breadth-first byte trie of a vocabulary's byte tokens.
+
+    Nodes are numbered depth by depth (all depth-1 nodes first); within a depth they follow the sorted order of the
+    token bytes, so the children of any node form one contiguous run `child_start[n] : child_start[n] + child_count[n]`.
+    Node `n` spells the bytes of the tokens `term_tokens[term_start[n] : term_start[n] + term_count[n]]`.
+    """
+
+    node_byte: np.ndarray  # uint8 [n_nodes]
+    child_start: np.ndarray  # int64 [n_nodes]
+    child_count: np.ndarray  # int64 [n_nodes]
+    term_start: np.ndarray  # int64 [n_nodes]
+    term_count: np.ndarray  # int64 [n_nodes]
+    term_tokens: np.ndarray  # int64 [n_byte_tokens], token ids grouped by end node
+    n_depth1: int
+    max_depth: int
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.node_byte.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            int(a.nbytes)
+            for a in (
+                self.node_byte,
+                self.child_start,
+                self.child_count,
+                self.term_start,
+                self.term_count,
+                self.term_tokens,
+            )
+        )
+
+
+def _byte_token_ids(vocab: Any) -> list[int]:
+    """Ids whose bytes a byte DFA may consume: not special, not EOS, non-empty, below n_tokens."""
+    excluded = set(vocab.special_ids) | set(vocab.eos_ids)
+    return [t for t, data in enumerate(vocab.token_bytes[: vocab.n_tokens]) if data and t not in excluded]
+
+
+def _build_trie(vocab: Any) -> _Trie:
+    ids = _byte_token_ids(vocab)
+    token_bytes = vocab.token_bytes
+    uniq = sorted({token_bytes[t] for t in ids})
+    uniq_index = {data: i for i, data in enumerate(uniq)}
+    n = len(uniq)
+    lens = np.fromiter((len(u) for u in uniq), dtype=np.int64, count=n)
+    flat = np.frombuffer(b"".join(uniq), dtype=np.uint8)
+    offs = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(lens[:-1], out=offs[1:])
+    max_depth = int(lens.max()) if n else 0
+
+    cur_node = np.zeros(n, dtype=np.int64)  # node of each string's prefix at the current depth
+    end_node = np.full(n, -1, dtype=np.int64)
+    bytes_per_depth: list[np.ndarray] = []
+    parents_per_depth: list[np.ndarray] = []  # global id of each node's parent
+    base = 0
+    idx = np.arange(n, dtype=np.int64)
+    for d in range(1, max_depth + 1):
+        idx = idx[lens[idx] >= d]
+        b = flat[offs[idx] + (d - 1)]
+        par = cur_node[idx] if d > 1 else np.zeros(idx.shape[0], dtype=np.int64)
+        # Sorted order keeps every prefix class contiguous, so comparing with the previous survivor suffices.
+        new = np.ones(idx.shape[0], dtype=bool)
+        new[1:] = (par[1:] != par[:-1]) | (b[1:] != b[:-1])
+        local = np.cumsum(new) - 1
+        gid = base + local
+        bytes_per_depth.append(b[new])
+        parents_per_depth.append(par[new])
+        cur_node[idx] = gid
+        ending = lens[idx] == d
+        end_node[idx[ending]] = gid[ending]
+        base += int(new.sum())
+
+    n_nodes = base
+    node_byte = np.concatenate(bytes_per_depth) if bytes_per_depth else np.zeros(0, np.uint8)
+    child_start = np.zeros(n_nodes, dtype=np.int64)
+    child_count = np.zeros(n_nodes, dtype=np.int64)
+    depth_base = 0
+    for d in range(1, max_depth):
+        n_here = bytes_per_depth[d - 1].shape[0]
+        child_par = parents_per_depth[d]  # nondecreasing global ids of depth-d nodes
+        nodes_here = np.arange(depth_base, depth_base + n_here, dtype=np.int64)
+        left = np.searchsorted(child_par, nodes_here, side="left")
+        right = np.searchsorted(child_par, nodes_here, side="right")
+        child_start[depth_base : depth_base + n_here] = depth_base + n_here + left
+        child_count[depth_base : depth_base + n_here] = right - left
+        depth_base += n_here
+
+    token_arr = np.asarray(ids, dtype=np.int64)
+    token_node = end_node[np.fromiter((uniq_index[token_bytes[t]] for t in ids), dtype=np.int64, count=len(ids))]
+    order = np.argsort(token_node, kind="stable")
+    term_tokens = token_arr[order]
+    term_count = np.bincount(token_node, minlength=n_nodes).astype(np.int64)
+    term_start = np.zeros(n_nodes, dtype=np.int64)
+    if n_nodes:
+        np.cumsum(term_count[:-1], out=term_start[1:])
+    n_depth1 = int(bytes_per_depth[0].shape[0]) if bytes_per_depth else 0
+    return _Trie(node_byte, child_start, child_count, term_start, term_count, term_tokens, n_depth1, max_depth)
+
+
+_TRIE_CACHE: OrderedDict[str, _Trie] = OrderedDict()
+_TRIE_CACHE_SIZE = 4
+_TRIE_LOCK = threading.Lock()
+
+
+def _trie_for(vocab: Any) -> _Trie:
+    key = vocab.fingerprint
+    with _TRIE_LOCK:
+        trie = _TRIE_CACHE.get(key)
+        if trie is not None:
+            _TRIE_CACHE.move_to_end(key)
+            return trie
+    trie = _build_trie(vocab)  # outside the lock: two racing builds give equal tries
+    with _TRIE_LOCK:
+        _TRIE_CACHE[key] = trie
+        _TRIE_CACHE.move_to_end(key)
+        while len(_TRIE_CACHE) > _TRIE_CACHE_SIZE:
+            _TRIE_CACHE.popitem(last=False)
+    return trie
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The index
+
+
+class TokenIndex:
+    """Packed token masks of one DFA over one vocabulary, one row per DFA state, computed lazily or eagerly.
+
+    Guarantee, for DFA state `s` and token id `t`:
+      * `t >= vocab.n_tokens` (padding up to `vocab_size`) is never allowed;
+      * an EOS id is allowed iff `s` is accepting;
+      * an id named in `dfa.specials` (symbol `256 + i` is token `dfa.specials[i]`) is allowed iff the transition on
+        its symbol is live;
+      * any other id that is not in `vocab.special_ids` is allowed iff its bytes are non-empty and walking them from
+        `s` never reaches the dead state (-1). Special and EOS ids are never walked as bytes.
+    Bit `t % 32` of int32 word `t // 32` is set iff `t` is allowed; `n_words = ceil(vocab_size / 32)`.
+
+    After EOS the sequence is finished: the mask then allows exactly the EOS ids (so a batch can keep padding a
+    finished row with EOS) and `TokenState.advance` accepts only EOS ids.
+
+    The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
+    use (idempotently) and deduplicated, so equal masks share one row of `mask_table()`.
+
+    Args:
+        dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
+        vocab: a `constrain.vocabulary.Vocabulary`.
+        eager: compute every state's row now instead of on first use.
+
+    Raises:
+        InternalError: the DFA's shape is inconsistent, or `dfa.specials` names an id that is not a special token of
+            `vocab` (special tokens can only be produced through their symbol, never through bytes).
+    """
+
+    def __init__(self, dfa: Any, vocab: Any, *, eager: bool = False):
+        self._dfa = dfa
+        self._vocab = vocab
+        self._eager = bool(eager)
+        self._setup(_trie_for(vocab))
+        self._lock = threading.Lock()
+        self._rows: list[np.ndarray] = []
+        self._row_key: dict[bytes, int] = {}
+        self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
+        self._table_cache: np.ndarray | None = None
+        self._row_of[self._n_states] = self._insert_row(self._finished_mask())
+        if self._eager:
+            self._fill_all()
+
+    # ---- construction helpers
+
+    def _setup(self, trie: _Trie) -> None:
+        dfa, vocab = self._dfa, self._vocab
+        transitions = np.asarray(dfa.transitions)
+        class_of = np.asarray(dfa.class_of)
+        n_states, n_classes = int(dfa.n_states), int(dfa.n_classes)
+        specials = tuple(int(t) for t in dfa.specials)
+        if transitions.shape != (n_states, n_classes):
+            raise InternalError(
+                f"dfa.transitions has shape {transitions.shape}, expected (n_states, n_classes) = "
+                f"{(n_states, n_classes)}"
+            )
+        if class_of.shape[0] < 256 + len(specials):
+            raise InternalError(
+                f"dfa.class_of has {class_of.shape[0]} symbols, expected at least 256 + {len(specials)} specials"
+            )
+        not_special = [t for t in specials if t not in vocab.special_ids or not 0 <= t < vocab.n_tokens]
+        if not_special:
+            raise InternalError(
+                f"dfa.specials names token ids {not_special} that are not special tokens of this vocabulary "
+                f"(n_tokens={vocab.n_tokens}); a grammar may only name special tokens by id"
+            )
+        if n_states == 0:
+            raise InternalError("the DFA's language is empty: no token sequence can satisfy it")
+        self._trie = trie
+        self._n_states = n_states
+        self._n_classes = n_classes
+        self._vocab_size = int(vocab.vocab_size)
+        self._n_tokens = int(vocab.n_tokens)
+        self._n_words = (self._vocab_size + 31) // 32
+        self._tflat = np.ascontiguousarray(transitions, dtype=np.int64).ravel()
+        self._accepting = np.asarray(dfa.accepting, dtype=bool)
+        # Class id of every trie node for this DFA: one gather per (vocab, dfa) instead of one per state.
+        self._node_cls = class_of[:256].astype(np.int64)[trie.node_byte]
+        self._depth1_cls = self._node_cls[: trie.n_depth1]
+        self._eos = tuple(sorted({int(t) for t in vocab.eos_ids if 0 <= t < self._n_tokens}))
+        self._eos_arr = np.asarray(self._eos, dtype=np.int64)
+        self._special_cls = {t: int(class_of[256 + i]) for i, t in enumerate(specials)}
+        self._special_ids_arr = np.asarray(list(self._special_cls), dtype=np.int64)
+        self._special_cls_arr = np.asarray(list(self._special_cls.values()), dtype=np.int64)
+        # Plain Python copies for the per-token cursor: list indexing beats numpy scalar access by ~10x.
+        self._tr_list: list[list[int]] = transitions.tolist()
+        self._cls_list: list[int] = class_of[:256].tolist()
+        self._acc_list: list[bool] = self._accepting.tolist()
+        self._eos_set = frozenset(self._eos)
+        self._non_byte = frozenset(vocab.special_ids) | frozenset(vocab.eos_ids)
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "dfa": self._dfa,
+                "vocab": self._vocab,
+                "eager": self._eager,
+                "rows": list(self._rows),
+                "row_of": list(self._row_of),
+            }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._dfa = state["dfa"]
+        self._vocab = state["vocab"]
+        self._eager = state["eager"]
+        self._setup(_trie_for(self._vocab))
+        self._lock = threading.Lock()
+        self._rows = []
+        self._row_key = {}
+        for row in state["rows"]:
+            self._insert_row(np.array(row, dtype=np.int32))
+        self._row_of = list(state["row_of"])
+        self._table_cache = None
+
+    # ---- public surface
+
+    @property
+    def dfa(self) -> Any:
+        """The DFA this index was built from."""
+        return self._dfa
+
+    @property
+    def vocab(self) -> Any:
+        """The vocabulary this index was built for."""
+        return self._vocab
+
+    @property
+    def n_words(self) -> int:
+        """Width of one packed mask in int32 words: `ceil(vocab.vocab_size / 32)`."""
+        return self._n_words
+
+    @property
+    def is_eager(self) -> bool:
+        """Whether every state's row was computed at construction."""
+        return self._eager
+
+    def start(self) -> TokenState:
+        """A fresh cursor at the DFA's start state (nothing generated yet)."""
+        return TokenState(self, int(self._dfa.start))
+
+    def mask_for_state(self, state: int) -> np.ndarray:
+        """The packed mask of DFA state `state` (read-only int32 [n_words]); computes and caches it on first use.
+
+        Raises:
+            InternalError: `state` is not a state of the DFA.
+        """
+        return self._rows[self.row_for_state(state)]
+
+    def row_for_state(self, state: int) -> int:
+        """The row of `mask_table()` holding `state`'s mask; `dfa.n_states` stands for the finished pseudo-state.
+
+        Raises:
+            InternalError: `state` is outside `0 ..= dfa.n_states`.
+        """
+        row_of = self._row_of
+        if not 0 <= state < len(row_of):
+            raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
+        row = row_of[state]
+        if row >= 0:
+            return row
+        mask = self._compute_masks(np.asarray([state], dtype=np.int64))[0]
+        with self._lock:
+            if row_of[state] < 0:
+                row_of[state] = self._insert_row(mask)
+            return row_of[state]
+
+    def mask_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """A snapshot of the distinct masks computed so far.
+
+        Returns:
+            `(table, state_rows)`: `table` is int32 [n_rows, n_words] (distinct rows); `state_rows` is int32
+            [dfa.n_states + 1] giving each state's row, or -1 where not computed yet (never in eager mode). The last
+            entry is the finished pseudo-state (after EOS), which is always present.
+        """
+        with self._lock:
+            if self._table_cache is None or self._table_cache.shape[0] != len(self._rows):
+                self._table_cache = np.stack(self._rows)
+                self._table_cache.flags.writeable = False
+            return self._table_cache, np.asarray(self._row_of, dtype=np.int32)
+
+    def nbytes(self) -> int:
+        """Estimate of the memory this index holds now: mask rows and per-DFA arrays (the shared trie excluded)."""
+        with self._lock:
+            rows = len(self._rows) * self._n_words * 4
+            table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
+        # Transitions are held twice (numpy for masks, nested lists for advance).
+        per_dfa = 2 * int(self._tflat.nbytes) + int(self._node_cls.nbytes) + 8 * len(self._row_of)
+        return rows + table + per_dfa
+
+    # ---- mask computation
+
+    def _insert_row(self, mask: np.ndarray) -> int:
+        key = mask.tobytes()
+        row = self._row_key.get(key)
+        if row is None:
+            row = len(self._rows)
+            mask = np.array(mask, dtype=np.int32, copy=True)
+            mask.flags.writeable = False
+            self._rows.append(mask)
+            self._row_key[key] = row
+        return row
+
+    def _finished_mask(self) -> np.ndarray:
+        allowed = np.zeros(self._n_words * 32, dtype=bool)
+        allowed[self._eos_arr] = True
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
+
+    def _fill_all(self) -> None:
+        pending = np.asarray([s for s in range(self._n_states) if self._row_of[s] < 0], dtype=np.int64)
+        batch = max(1, min(256, _EAGER_BATCH_BYTES // (self._n_words * 32)))
+        for lo in range(0, pending.shape[0], batch):
+            states = pending[lo : lo + batch]
+            masks = self._compute_masks(states)
+            with self._lock:
+                for s, mask in zip(states.tolist(), masks):
+                    if self._row_of[s] < 0:
+                        self._row_of[s] = self._insert_row(mask)
+
+    def _compute_masks(self, states: np.ndarray) -> np.ndarray:
+        """Packed masks (int32 [len(states), n_words]) by walking the trie from every state at once.
+
+        Each live (source, node, dfa state) triple is expanded to its children only while the DFA stays alive, so
+        a state where few first bytes survive costs a handful of small numpy ops.
+        """
+        trie = self._trie
+        tflat, node_cls, n_classes = self._tflat, self._node_cls, self._n_classes
+        k = states.shape[0]
+        n1 = trie.n_depth1
+        node = np.tile(np.arange(n1, dtype=np.int64), k)
+        src = np.repeat(np.arange(k, dtype=np.int64), n1)
+        st = tflat[np.repeat(states * n_classes, n1) + np.tile(self._depth1_cls, k)]
+        keep = st >= 0
+        node, src, st = node[keep], src[keep], st[keep]
+        alive_nodes = [node]
+        alive_src = [src]
+        child_start, child_count = trie.child_start, trie.child_count
+        while node.shape[0]:
+            cnt = child_count[node]
+            has = cnt > 0
+            if not has.all():
+                node, src, st, cnt = node[has], src[has], st[has], cnt[has]
+            if not node.shape[0]:
+                break
+            ends = np.cumsum(cnt)
+            total = int(ends[-1])
+            # Ragged arange: child ids of every surviving node, in order.
+            child = np.arange(total, dtype=np.int64) + np.repeat(child_start[node] - (ends - cnt), cnt)
+            nxt = tflat[np.repeat(st * n_classes, cnt) + node_cls[child]]
+            keep = nxt >= 0
+            node = child[keep]
+            st = nxt[keep]
+            src = np.repeat(src, cnt)[keep]
+            alive_nodes.append(node)
+            alive_src.append(src)
+
+        nodes = np.concatenate(alive_nodes)
+        srcs = np.concatenate(alive_src)
+        tc = trie.term_count[nodes]
+        has = tc > 0
+        nodes, srcs, tc = nodes[has], srcs[has], tc[has]
+        allowed = np.zeros((k, self._n_words * 32), dtype=bool)
+        if nodes.shape[0]:
+            ends = np.cumsum(tc)
+            pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[nodes] - (ends - tc), tc)
+            allowed[np.repeat(srcs, tc), trie.term_tokens[pos]] = True
+        if self._eos:
+            acc = self._accepting[states]
+            allowed[np.ix_(acc, self._eos_arr)] = True
+        if self._special_ids_arr.shape[0]:
+            live = tflat[states[:, None] * n_classes + self._special_cls_arr[None, :]] >= 0
+            rows, cols = np.nonzero(live)
+            allowed[rows, self._special_ids_arr[cols]] = True
+        return np.packbits(allowed, axis=1, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-sequence cursor
+
+
+class TokenState:
+    """The cursor of one sequence over a shared `TokenIndex`: the DFA state reached by the tokens fed so far.
+
+    Small and cheap to fork; never share one between sequences. Made by `TokenIndex.start()`.
+    """
+
+    __slots__ = ("_index", "_state", "_finished")
+
+    def __init__(self, index: TokenIndex, state: int, finished: bool = False):
+        self._index = index
+        self._state = state
+        self._finished = finished
+
+    @property
+    def index(self) -> TokenIndex:
+        """The index this cursor walks."""
+        return self._index
+
+    @property
+    def dfa_state(self) -> int:
+        """The current DFA state (after EOS: the accepting state EOS was taken in)."""
+        return self._state
+
+    def is_finished(self) -> bool:
+        """Whether an EOS token has been fed (then only EOS ids are allowed)."""
+        return self._finished
+
+    def is_accepting(self) -> bool:
+        """Whether the bytes fed so far form a complete match (always true once finished)."""
+        return self._finished or self._index._acc_list[self._state]
+
+    def mask_row(self) -> int:
+        """The row of `index.mask_table()` that holds this cursor's mask (computing it if needed)."""
+        idx = self._index
+        return idx.row_for_state(idx._n_states if self._finished else self._state)
+
+    def mask(self) -> np.ndarray:
+        """The packed mask of allowed next tokens: read-only int32 [n_words], bit `t % 32` of word `t // 32`."""
+        idx = self._index
+        s = idx._n_states if self._finished else self._state
+        row = idx._row_of[s]
+        if row < 0:
+            row = idx.row_for_state(s)
+        return idx._rows[row]
+
+    def allowed_token_ids(self) -> np.ndarray:
+        """The allowed next token ids, ascending (int64)."""
+        bits = np.unpackbits(self.mask().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits)
+
+    def fork(self) -> TokenState:
+        """An independent copy at the same position (for beams and speculative branches)."""
+        return TokenState(self._index, self._state, self._finished)
+
+    __copy__ = fork
+
+    def advance(self, token_id: int) -> None:
+        """Feed one token, in O(its byte length).
+
+        Resolution order, matching the mask: a token named by the DFA takes its symbol's transition when live; else an
+        EOS id in an accepting state finishes the sequence; else a byte token walks its bytes. Once finished, an EOS id
+        is accepted and changes nothing.
+
+        Raises:
+            MaskViolation: the token is not allowed here (its mask bit is 0). The cursor is unchanged. The error
+                carries `token_id`, `token_bytes` (None for an id outside the tokenizer) and `dfa_state`.
+        """
+        idx = self._index
+        t = int(token_id)
+        if self._finished:
+            if t in idx._eos_set:
+                return
+            self._violation(t, "the sequence already ended with EOS")
+        if not 0 <= t < idx._n_tokens:
+            self._violation(t, f"id outside the tokenizer's {idx._n_tokens} tokens")
+        s = self._state
+        cls = idx._special_cls.get(t)
+        if cls is not None:
+            nxt = idx._tr_list[s][cls]
+            if nxt >= 0:
+                self._state = nxt
+                return
+        if t in idx._eos_set:
+            if idx._acc_list[s]:
+                self._finished = True
+                return
+            self._violation(t, "EOS in a non-accepting state")
+        if cls is not None or t in idx._non_byte:
+            self._violation(t, "special token not allowed here")
+        data = idx._vocab.token_bytes[t]
+        if not data:
+            self._violation(t, "empty token")
+        tr, cl = idx._tr_list, idx._cls_list
+        for b in data:
+            s = tr[s][cl[b]]
+            if s < 0:
+                self._violation(t, f"the automaton dies on byte {b:#04x}")
+        self._state = s
+
+    def _violation(self, token_id: int, why: str) -> None:
+        idx = self._index
+        data = idx._vocab.token_bytes[token_id] if 0 <= token_id < idx._n_tokens else None
+        err = MaskViolation(
+            f"token {token_id} ({data!r}) is not allowed in DFA state {self._state}"
+            f"{' (finished)' if self._finished else ''}: {why}"
+        )
+        err.token_id = token_id
+        err.token_bytes = data
+        err.dfa_state = self._state
+        raise err
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cache of compiled indexes
+
+
+class IndexCache:
+    """LRU cache of `TokenIndex` objects keyed by (vocab.fingerprint, constraint key), bounded by estimated bytes.
+
+    Thread-safe. Sizes are re-estimated on every lookup because lazy indexes grow as rows are filled. An index larger
+    than `max_bytes` on its own is returned but not kept.
+
+    Args:
+        max_bytes: the bound on the sum of `TokenIndex.nbytes()` over kept entries.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        if max_bytes < 0:
+            raise InternalError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[tuple[str, str], TokenIndex] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def nbytes(self) -> int:
+        """Current estimate of the bytes held by all kept entries."""
+        with self._lock:
+            return sum(index.nbytes() for index in self._entries.values())
+
+    def clear(self) -> None:
+        """Drop every entry (statistics are kept)."""
+        with self._lock:
+            self._entries.clear()
+
+    def get_or_build(
+        self, key: str, vocab: Any, build: Callable[[], Any], *, eager: bool = False
+    ) -> TokenIndex:
+        """The cached index for (`vocab.fingerprint`, `key`), or a new `TokenIndex(build(), vocab, eager=eager)`.
+
+        `key` must identify the constraint completely (e.g. a hash of the canonical grammar); `eager` is not part of
+        the key. Building happens outside the lock; two racing misses build twice and keep the first.
+
+        Raises:
+            Whatever `build` or `TokenIndex` raise; nothing is cached then.
+        """
+        full = (vocab.fingerprint, key)
+        with self._lock:
+            index = self._entries.get(full)
+            if index is not None:
+                self.hits += 1
+                self._entries.move_to_end(full)
+                self._evict()
+                return index
+            self.misses += 1
+        index = TokenIndex(build(), vocab, eager=eager)
+        with self._lock:
+            existing = self._entries.get(full)
+            if existing is not None:
+                self._entries.move_to_end(full)
+                return existing
+            self._entries[full] = index
+            self._evict()
+        return index
+
+    def _evict(self) -> None:
+        sizes = {k: v.nbytes() for k, v in self._entries.items()}
+        total = sum(sizes.values())
+        while total > self.max_bytes and self._entries:
+            k, _ = self._entries.popitem(last=False)
+            total -= sizes[k]
+            self.evictions += 1
+
+
+DEFAULT_CACHE = IndexCache()
+
+
+def get_or_build(key: str, vocab: Any, build: Callable[[], Any], *, eager: bool = False) -> TokenIndex:
+    """`DEFAULT_CACHE.get_or_build(key, vocab, build, eager=eager)`: the process-wide index cache (1 GiB bound)."""
+    return DEFAULT_CACHE.get_or_build(key, vocab, build, eager=eager)
