@@ -1,0 +1,239 @@
+"""JSON Schema string `format`s as byte-automaton expressions over the decoded (unquoted, unescaped) UTF-8 value.
+
+In: a format name. Out: an `automaton.Expr` whose language never exceeds python-jsonschema's Draft 2020-12 checker.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from constrain import automaton as fa
+from constrain.errors import UnsupportedSchema
+
+
+def _bytes_of(spec: str) -> fa.Expr:
+    """One byte from a class written like a regex class body without escapes, e.g. `a-zA-Z0-9+.-`."""
+    ranges: list[tuple[int, int]] = []
+    i = 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            ranges.append((ord(spec[i]), ord(spec[i + 2])))
+            i += 3
+        else:
+            ranges.append((ord(spec[i]), ord(spec[i])))
+            i += 1
+    return fa.byte_set(ranges)
+
+
+def _lit(text: str) -> fa.Expr:
+    return fa.literal(text.encode("ascii"))
+
+
+def _one_of(texts: list[str]) -> fa.Expr:
+    return fa.union(*(_lit(t) for t in texts))
+
+
+def _two_digit(lo: int, hi: int) -> fa.Expr:
+    return _one_of([f"{n:02d}" for n in range(lo, hi + 1)])
+
+
+_DIGIT = _bytes_of("0-9")
+_HEX = _bytes_of("0-9a-fA-F")
+_ALPHA = _bytes_of("a-zA-Z")
+_ALNUM = _bytes_of("a-zA-Z0-9")
+
+
+# --- date and time (RFC 3339 section 5.6, as `rfc3339-validator` and `datetime.date` check it) ---------------
+
+_YEAR = fa.difference(fa.repeat(_DIGIT, 4, 4), _lit("0000"))  # year 0 does not exist in `datetime`/`calendar`
+# Proleptic Gregorian leap years among 0001..9999: YY divisible by 4 (not 00), or CC divisible by 4 with YY == 00.
+_LEAP_YEAR = fa.union(
+    fa.concat(_DIGIT, _DIGIT, _one_of([f"{n:02d}" for n in range(4, 100, 4)])),
+    fa.concat(_one_of([f"{n:02d}" for n in range(4, 100, 4)]), _lit("00")),
+)
+_MONTH_DAY = fa.union(
+    fa.concat(_one_of(["01", "03", "05", "07", "08", "10", "12"]), _lit("-"), _two_digit(1, 31)),
+    fa.concat(_one_of(["04", "06", "09", "11"]), _lit("-"), _two_digit(1, 30)),
+    fa.concat(_lit("02-"), _two_digit(1, 28)),
+)
+_DATE = fa.union(fa.concat(_YEAR, _lit("-"), _MONTH_DAY), fa.concat(_LEAP_YEAR, _lit("-02-29")))
+# Seconds stop at 59: rfc3339-validator rejects every leap second (23:59:60 included).
+_PARTIAL_TIME = fa.concat(
+    _two_digit(0, 23), _lit(":"), _two_digit(0, 59), _lit(":"), _two_digit(0, 59),
+    fa.optional(fa.concat(_lit("."), fa.repeat(_DIGIT, 1))),
+)
+_OFFSET = fa.union(_bytes_of("Zz"), fa.concat(_bytes_of("+-"), _two_digit(0, 23), _lit(":"), _two_digit(0, 59)))
+_TIME = fa.concat(_PARTIAL_TIME, _OFFSET)
+_DATE_TIME = fa.concat(_DATE, _bytes_of("Tt"), _TIME)
+
+
+# --- duration (RFC 3339 appendix A ABNF) ---------------------------------------------------------------------
+
+def _unit(letter: str) -> fa.Expr:
+    return fa.concat(fa.repeat(_DIGIT, 1), _lit(letter))
+
+
+def _chain(letters: str) -> fa.Expr:
+    """ABNF `dur-X = 1*DIGIT "X" [dur-next]`: a contiguous run of units starting anywhere in `letters`."""
+    runs = [fa.concat(*(_unit(c) for c in letters[i:j])) for i in range(len(letters)) for j in range(i + 1, len(letters) + 1)]
+    return fa.union(*runs)
+
+
+_DUR_TIME = fa.concat(_lit("T"), _chain("HMS"))
+_DURATION = fa.concat(
+    _lit("P"),
+    fa.union(fa.concat(_chain("YMD"), fa.optional(_DUR_TIME)), _DUR_TIME, _unit("W")),
+)
+
+
+# --- IP addresses (Python's `ipaddress`) ---------------------------------------------------------------------
+
+_OCTET = fa.union(
+    _DIGIT,
+    fa.concat(_bytes_of("1-9"), _DIGIT),
+    fa.concat(_lit("1"), _DIGIT, _DIGIT),
+    fa.concat(_lit("2"), _bytes_of("0-4"), _DIGIT),
+    fa.concat(_lit("25"), _bytes_of("0-5")),
+)
+_IPV4 = fa.concat(_OCTET, fa.repeat(fa.concat(_lit("."), _OCTET), 3, 3))
+_H16 = fa.repeat(_HEX, 1, 4)
+
+
+def _ipv6() -> fa.Expr:
+    """RFC 3986 `IPv6address`: 8 hextets (the last two may be a dotted quad), `::` standing for one or more."""
+    h16c = fa.concat(_H16, _lit(":"))
+    ls32 = fa.union(fa.concat(_H16, _lit(":"), _H16), _IPV4)
+    forms = [fa.concat(fa.repeat(h16c, 6, 6), ls32)]
+    # `left` hextets before "::", `right` hextets after; the tail is ls32 when it covers two hextets.
+    for right in range(0, 8):
+        if right >= 2:
+            tail = fa.concat(fa.repeat(h16c, right - 2, right - 2), ls32)
+        elif right == 1:
+            tail = _H16
+        else:
+            tail = fa.EMPTY
+        max_left = 7 - right
+        head = fa.optional(fa.concat(fa.repeat(h16c, 0, max_left - 1), _H16)) if max_left > 0 else fa.EMPTY
+        forms.append(fa.concat(head, _lit("::"), tail))
+    return fa.union(*forms)
+
+
+_IPV6 = _ipv6()
+
+
+def _uuid() -> fa.Expr:
+    groups = [fa.repeat(_HEX, n, n) for n in (8, 4, 4, 4, 12)]
+    return fa.sequence_of(groups, _lit("-"))
+
+
+# --- hostname (the `fqdn` package, min_labels=1) and email (RFC 5321 Mailbox) --------------------------------
+
+_ANY_BYTE = fa.byte_set([(0, 255)])
+_LDH = fa.union(_ALNUM, _lit("-"))
+_LABEL = fa.difference(
+    fa.concat(_ALNUM, fa.optional(fa.concat(fa.repeat(_LDH, 0, 61), _ALNUM))),
+    fa.concat(_ANY_BYTE, _ANY_BYTE, _lit("--"), fa.repeat(_ANY_BYTE, 0)),  # RFC 5891 4.2.3.1 reserved "??--"
+)
+# The exact cap (253) costs ~24,000 states and ~2 s to compile (the product of total and label positions); 63
+# keeps 410 states and makes the 63-byte label cap implied.
+_HOSTNAME_MAX_BYTES = 63
+_HOSTNAME = fa.intersect(
+    fa.concat(_LABEL, fa.repeat(fa.concat(_lit("."), _LABEL), 0)),
+    fa.repeat(_ANY_BYTE, 1, _HOSTNAME_MAX_BYTES),
+)
+
+_ATOM = fa.repeat(_bytes_of("a-zA-Z0-9!#$%&'*+/=?^_`{|}~-"), 1)
+_QUOTED = fa.concat(
+    _lit('"'),
+    fa.repeat(fa.union(fa.byte_set([(32, 33), (35, 91), (93, 126)]), fa.concat(_lit("\\"), fa.byte_set([(32, 126)]))), 0),
+    _lit('"'),
+)
+_SUB_DOMAIN = fa.concat(_ALNUM, fa.optional(fa.concat(fa.repeat(_LDH, 0), _ALNUM)))
+_EMAIL = fa.concat(
+    fa.union(fa.concat(_ATOM, fa.repeat(fa.concat(_lit("."), _ATOM), 0)), _QUOTED),
+    _lit("@"),
+    fa.union(
+        fa.concat(_SUB_DOMAIN, fa.repeat(fa.concat(_lit("."), _SUB_DOMAIN), 0)),
+        fa.concat(_lit("["), _IPV4, _lit("]")),
+        fa.concat(_lit("[IPv6:"), _IPV6, _lit("]")),
+    ),
+)
+
+
+# --- uri (RFC 3986 `URI`) -------------------------------------------------------------------------------------
+
+def _uri() -> fa.Expr:
+    unreserved = _bytes_of("a-zA-Z0-9._~-")
+    sub_delims = _bytes_of("!$&'()*+,;=")
+    pct = fa.concat(_lit("%"), _HEX, _HEX)
+    pchar = fa.union(unreserved, pct, sub_delims, _bytes_of(":@"))
+    segment = fa.repeat(pchar, 0)
+    segment_nz = fa.repeat(pchar, 1)
+    scheme = fa.concat(_ALPHA, fa.repeat(_bytes_of("a-zA-Z0-9+.-"), 0))
+    userinfo = fa.repeat(fa.union(unreserved, pct, sub_delims, _lit(":")), 0)
+    ip_future = fa.concat(_bytes_of("vV"), fa.repeat(_HEX, 1), _lit("."), fa.repeat(fa.union(unreserved, sub_delims, _lit(":")), 1))
+    host = fa.union(
+        fa.concat(_lit("["), fa.union(_IPV6, ip_future), _lit("]")),
+        _IPV4,
+        fa.repeat(fa.union(unreserved, pct, sub_delims), 0),
+    )
+    authority = fa.concat(fa.optional(fa.concat(userinfo, _lit("@"))), host, fa.optional(fa.concat(_lit(":"), fa.repeat(_DIGIT, 0))))
+    path_abempty = fa.repeat(fa.concat(_lit("/"), segment), 0)
+    path_rootless = fa.concat(segment_nz, path_abempty)
+    hier_part = fa.union(
+        fa.concat(_lit("//"), authority, path_abempty),
+        fa.concat(_lit("/"), fa.optional(path_rootless)),
+        path_rootless,
+        fa.EMPTY,
+    )
+    tail = fa.repeat(fa.union(pchar, _bytes_of("/?")), 0)
+    return fa.concat(scheme, _lit(":"), hier_part, fa.optional(fa.concat(_lit("?"), tail)), fa.optional(fa.concat(_lit("#"), tail)))
+
+
+_FORMATS: dict[str, Callable[[], fa.Expr]] = {
+    "date": lambda: _DATE,
+    "time": lambda: _TIME,
+    "date-time": lambda: _DATE_TIME,
+    "duration": lambda: _DURATION,
+    "email": lambda: _EMAIL,
+    "hostname": lambda: _HOSTNAME,
+    "ipv4": lambda: _IPV4,
+    "ipv6": lambda: _IPV6,
+    "uuid": _uuid,
+    "uri": _uri,
+}
+
+SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
+
+
+def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
+    """The decoded string values valid for JSON Schema `format: name`, as an automaton expression.
+
+    Guarantee: every accepted value is accepted by python-jsonschema 4.26's Draft 2020-12 FormatChecker (with
+    `rfc3339-validator`, `isoduration`, `fqdn` and `rfc3987` installed). Where the checker's language is wider than
+    the standard or irregular, this is narrower, never wider:
+      - date-time/time: only ASCII digits, no trailing newline (the checker's `$` allows one); `t`/`z` allowed;
+        no leap second (the checker rejects second 60 always).
+      - duration: RFC 3339 appendix A only (digits, contiguous Y-M-D / H-M-S runs, weeks alone); the checker
+        also takes signs, decimals, exponents, gaps such as `P1Y2D`, `P1WT1H`.
+      - email: RFC 5321 `Mailbox` (dot-atom or quoted local part; LDH domain, `[IPv4]` or `[IPv6:...]`),
+        no general address literals; the checker takes any string containing `@`.
+      - hostname: ASCII LDH labels, total 1-63 bytes (the checker allows 253: exact costs ~24k states), no trailing dot, no label with `--` at positions 3-4
+        (so no `xn--` A-labels: their Punycode validity is not checked here); the checker also takes a trailing
+        dot, a trailing newline, Unicode digits and case-folded letters (Kelvin sign).
+      - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
+      - uri: RFC 3986 `URI` (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
+    The caller adds JSON quoting and escaping.
+
+    Args:
+        name: the format name.
+        pointer: JSON Pointer of the `format` keyword, for errors.
+    Returns:
+        An expression over the UTF-8 bytes of the decoded value.
+    Raises:
+        UnsupportedSchema: `name` is not one of `SUPPORTED_FORMATS`.
+    """
+    build = _FORMATS.get(name)
+    if build is None:
+        raise UnsupportedSchema(f"format {name!r} is not supported; supported: {', '.join(SUPPORTED_FORMATS)}", pointer=pointer)
+    return build()

@@ -1,0 +1,243 @@
+"""Format automata against python-jsonschema's Draft 2020-12 FormatChecker and the JSON Schema Test Suite."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from constrain import automaton as fa
+from constrain.errors import UnsupportedSchema
+from constrain.formats import SUPPORTED_FORMATS, format_expr
+
+CHECKER = Draft202012Validator.FORMAT_CHECKER
+SUITE = Path("/work/shared/data/json-schema-test-suite/tests.jsonl")
+
+
+def test_checker_has_the_optional_format_libraries():
+    # Without rfc3339-validator, isoduration, fqdn, rfc3987 the checker silently accepts everything.
+    for name in SUPPORTED_FORMATS:
+        assert name in CHECKER.checkers, name
+
+
+@lru_cache(maxsize=None)
+def dfa(name: str) -> fa.Dfa:
+    return fa.compile(format_expr(name))
+
+
+def accepts(name: str, value: str) -> bool:
+    return dfa(name).matches(value.encode("utf-8", "surrogatepass"))
+
+
+# --- documented narrowings: values the checker accepts that we reject on purpose --------------------------------
+
+_DURATION_ABNF = re.compile(
+    r"P(?:(?:\d+Y(?:\d+M(?:\d+D)?)?|\d+M(?:\d+D)?|\d+D)(?:T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S))?"
+    r"|T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)|\d+W)", re.ASCII)
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_DOT_STRING = rf"{_ATEXT}(?:\.{_ATEXT})*"
+_LDH_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_EMAIL_DOMAIN = rf"{_LDH_LABEL}(?:\.{_LDH_LABEL})*|\[[0-9.]+\]|\[IPv6:[0-9A-Fa-f:.]+\]"
+
+
+def _email_rfc5321(value: str) -> bool:
+    m = re.fullmatch(rf'(?:{_DOT_STRING}|"(?:[ !#-\[\]-~]|\\[ -~])*")@({_EMAIL_DOMAIN})', value, re.ASCII)
+    if m is None:
+        return False
+    domain = m.group(1)
+    if domain.startswith("[IPv6:"):
+        return CHECKER.conforms(domain[6:-1], "ipv6")
+    if domain.startswith("["):
+        return CHECKER.conforms(domain[1:-1], "ipv4")
+    return True
+
+
+def _hostname_narrow(value: str) -> bool:
+    labels = value.split(".")
+    return (
+        re.fullmatch(rf"{_LDH_LABEL}(?:\.{_LDH_LABEL})*", value, re.ASCII) is not None
+        and len(value) <= 63
+        and not any(label[2:4] == "--" for label in labels)
+    )
+
+
+# Each entry: format -> (reason, predicate that holds for every value we do accept). A checker-valid value that we
+# reject must fail the predicate, so the allowlist cannot hide an unexplained rejection.
+NARROWINGS = {
+    "date": ("ASCII only, no trailing newline", lambda v: v.isascii() and "\n" not in v),
+    "time": ("no trailing newline; ASCII only", lambda v: v.isascii() and "\n" not in v),
+    "date-time": ("no trailing newline; ASCII only", lambda v: v.isascii() and "\n" not in v),
+    "duration": ("RFC 3339 appendix A ABNF only", lambda v: _DURATION_ABNF.fullmatch(v) is not None),
+    "email": ("RFC 5321 Mailbox only (checker: any string with '@')", _email_rfc5321),
+    "hostname": ("LDH, <= 63 bytes, no trailing dot, no '??--' label", _hostname_narrow),
+    "ipv4": ("exact", lambda v: True),
+    "ipv6": ("exact", lambda v: True),
+    "uuid": ("canonical 8-4-4-4-12 hex", lambda v: re.fullmatch(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", v) is not None),
+    "uri": (
+        "no trailing newline; no leading-zero octets in bracketed IPv4",
+        lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None,
+    ),
+}
+
+
+def check_agrees(name: str, value: str) -> None:
+    ours = accepts(name, value)
+    theirs = CHECKER.conforms(value, name)
+    if ours:
+        assert theirs, f"false accept: {name} {value!r}"
+    elif theirs:
+        reason, holds = NARROWINGS[name]
+        assert not holds(value), f"unexplained reject: {name} {value!r} (narrowing: {reason})"
+
+
+# --- JSON Schema Test Suite table ---------------------------------------------------------------------------------
+
+def _suite_cases() -> list[tuple[str, str, bool]]:
+    cases = []
+    with SUITE.open() as f:
+        for line in f:
+            row = json.loads(line)
+            if row["draft"] != "draft2020-12" or not row["keyword_group"].startswith("optional/format/"):
+                continue
+            name = row["schema"].get("format")
+            if name not in SUPPORTED_FORMATS:
+                continue
+            cases += [(name, t["data"], t["valid"]) for t in row["tests"] if isinstance(t["data"], str)]
+    return cases
+
+
+# Suite-valid values we reject, with the reason (the checker rejects the first group too).
+SUITE_NARROWINGS = {
+    ("date-time", "1998-12-31T23:59:60Z"): "leap second: the checker rejects it",
+    ("date-time", "1998-12-31T15:59:60.123-08:00"): "leap second: the checker rejects it",
+    ("time", "23:59:60Z"): "leap second: the checker rejects it",
+    ("time", "23:59:60+00:00"): "leap second: the checker rejects it",
+    ("time", "01:29:60+01:30"): "leap second: the checker rejects it",
+    ("time", "23:29:60+23:30"): "leap second: the checker rejects it",
+    ("time", "15:59:60-08:00"): "leap second: the checker rejects it",
+    ("time", "00:29:60-23:30"): "leap second: the checker rejects it",
+    ("hostname", "xn--9n2bp8q.xn--9t4b11yi5a"): "A-labels are not checked, so none is accepted",
+    ("hostname", "xn--zca29lwxobi7a"): "A-label",
+    ("hostname", "xn--qmbc"): "A-label",
+    ("hostname", "xn--ll-0ea"): "A-label",
+    ("hostname", "xn--wva3je"): "A-label",
+    ("hostname", "xn--4dbc5h"): "A-label",
+    ("hostname", "xn--4dbc8h"): "A-label",
+    ("hostname", "xn--k8j5u"): "A-label",
+    ("hostname", "xn--bck0j"): "A-label",
+    ("hostname", "xn--vek778f"): "A-label",
+    ("hostname", "xn--ngba1o"): "A-label",
+    ("hostname", "xn--0-gyc"): "A-label",
+    ("hostname", "xn--11b2ezcw70k"): "A-label",
+    ("hostname", "xn--11b2ezcs70k"): "A-label",
+    ("hostname", "xn--ngba5hb2804a"): "A-label",
+    ("hostname", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk.com"): "longer than 63 bytes",
+}
+
+
+@pytest.mark.parametrize(("name", "value", "valid"), _suite_cases())
+def test_suite_case(name, value, valid):
+    check_agrees(name, value)
+    ours = accepts(name, value)
+    if (name, value) in SUITE_NARROWINGS:
+        assert valid and not ours
+    else:
+        assert ours == valid
+
+
+# --- own edge cases -------------------------------------------------------------------------------------------------
+
+EDGES = {
+    "date": (["2000-02-29", "2400-02-29", "0004-02-29", "9996-02-29", "0001-01-01", "9999-12-31", "2023-02-28"],
+             ["1900-02-29", "0000-01-01", "2023-02-29", "2023-04-31", "2023-1-01", "2023-01-01\n", "２023-01-01"]),
+    "time": (["00:00:00Z", "23:59:59.999+23:59", "12:00:00-00:00", "12:00:00z"],
+             ["23:59:60Z", "12:00:00", "12:00:00+24:00", "12:00:00.Z", "12:00:00Z\n", "12:00Z"]),
+    "date-time": (["2000-02-29t00:00:00z", "1970-01-01T00:00:00.0+01:00"],
+                  ["1970-01-01 00:00:00Z", "2001-02-29T00:00:00Z", "1970-01-01T00:00:00"]),
+    "duration": (["P1Y", "P1Y2M", "P1Y2M3DT4H5M6S", "PT5S", "P3W", "PT1H1M", "P0D"],
+                 ["P", "PT", "P1Y2D", "PT1H2S", "P1.5D", "P1W1D", "-P1D", "P1YT", "p1Y"]),
+    "email": (["a@b", "a.b@c.d", '"a b"@c', "x@[1.2.3.4]", "x@[IPv6:::1]", "!#$%&'*+/=?^_`{|}~-@x"],
+              ["a@", "@a", "a..b@c", "a@b-", "a@[1.2.3.256]", "a@b@c", "a@[x:y]", "a@-b"]),
+    "hostname": (["a", "a.b", "a-b", "a--b", "1.2.3.4", "x" * 63],
+                 ["", "a.", ".a", "a..b", "-a", "a-", "ab--c", "x" * 64, "a_b", "a b"]),
+    "ipv4": (["0.0.0.0", "255.255.255.255", "1.22.199.249"],
+             ["01.1.1.1", "256.1.1.1", "1.1.1", "1.1.1.1.", "1.1.1.1\n", "1.1.1.１"]),
+    "ipv6": (["::", "::1", "1::", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "0000:0:0:0:0:0:0:0",
+              "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4", "::1.2.3.4", "1::1.2.3.4", "ABCD:ef::"],
+             ["1:2:3:4:5:6:7:8:9", ":::", "1:::2", "1::2::3", "12345::", "::1.2.3", "::1.2.3.04", "1:2:3:4:5:6:7:1.2.3.4",
+              "::1%eth0", "::1%", "g::"]),
+    "uuid": (["00000000-0000-0000-0000-000000000000", "ABCDEF01-2345-6789-abcd-ef0123456789"],
+             ["{00000000-0000-0000-0000-000000000000}", "00000000-0000-0000-0000-00000000000", "0000000000000000000000000000000-0"]),
+    "uri": (["a:", "a:b", "http://x", "http://[::1]:80/p?q#f", "http://[v1.x]", "x://u:p@h:8/%aF", "a+b.c-d:/"],
+            ["a", ":", "1a:", "http://[::1", "http://x/%", "http://x/%g0", "http://x/ ", "a:\n"]),
+}
+
+
+@pytest.mark.parametrize("name", SUPPORTED_FORMATS)
+def test_edge_cases(name):
+    good, bad = EDGES[name]
+    for value in good:
+        assert accepts(name, value), value
+        check_agrees(name, value)
+    for value in bad:
+        assert not accepts(name, value), value
+        check_agrees(name, value)
+
+
+def test_unknown_format_is_refused_with_pointer():
+    with pytest.raises(UnsupportedSchema) as info:
+        format_expr("color", pointer="/properties/x/format")
+    assert info.value.pointer == "/properties/x/format"
+
+
+def test_state_counts_are_bounded():
+    # Not a pinned number: a guard against an accidental blow-up (the hostname length product is the known risk).
+    for name in SUPPORTED_FORMATS:
+        assert 0 < dfa(name).n_states < 1000, name
+
+
+# --- Hypothesis: mutated valid values ---------------------------------------------------------------------------
+
+SEEDS = {name: good for name, (good, _) in EDGES.items()}
+MUTATION_ALPHABET = "0123456789abcdefxABCDEFTZtz:-.+@[]/%?#\"\\ _\nPYMWDHSv~!é"
+
+
+@st.composite
+def mutated(draw):
+    name = draw(st.sampled_from(SUPPORTED_FORMATS))
+    value = draw(st.sampled_from(SEEDS[name]))
+    for _ in range(draw(st.integers(0, 3))):
+        op = draw(st.sampled_from(["insert", "delete", "replace", "duplicate"]))
+        i = draw(st.integers(0, len(value)))
+        c = draw(st.sampled_from(MUTATION_ALPHABET))
+        if op == "insert":
+            value = value[:i] + c + value[i:]
+        elif op == "delete":
+            value = value[:i] + value[i + 1:]
+        elif op == "replace":
+            value = value[:i] + c + value[i + 1:]
+        else:
+            j = draw(st.integers(i, len(value)))
+            value = value[:j] + value[i:j] + value[j:]
+    return name, value
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutations_agree_with_checker(case):
+    check_agrees(*case)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(SUPPORTED_FORMATS), st.data())
+def test_generated_values_are_accepted_by_checker(name, data):
+    # Walk the automaton at random: every accepted string it yields must pass the checker.
+    strings = fa.accepted_strings(dfa(name), limit=40, max_len=48)
+    value = data.draw(st.sampled_from(strings))
+    assert CHECKER.conforms(value.decode("utf-8"), name), value
