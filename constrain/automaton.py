@@ -385,6 +385,9 @@ class _Nfa:
         self.edges: list[list[tuple[int, int]]] = []
         self.budget = budget
         self.memo = memo  # Expr -> Dfa, for intersections/differences compiled on the way
+        # (expr, dst) -> entry node: a sub-expression reached again with the same continuation is
+        # built once (expressions are DAGs; suffix sharing keeps the NFA linear in the DAG's size)
+        self.entries: dict[tuple[int, int], int] = {}
 
     def node(self) -> int:
         self.eps.append([])
@@ -394,6 +397,18 @@ class _Nfa:
 
     def build(self, expr: Expr, src: int, dst: int) -> None:
         """Add paths from src to dst that spell exactly `expr`."""
+        if isinstance(expr, _Bytes):
+            self.edges[src].append((expr.mask, dst))
+            return
+        key = (id(expr), dst)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.node()
+            self.entries[key] = entry
+            self._build(expr, entry, dst)
+        self.eps[src].append(entry)
+
+    def _build(self, expr: Expr, src: int, dst: int) -> None:
         if isinstance(expr, _Bytes):
             self.edges[src].append((expr.mask, dst))
         elif isinstance(expr, _Special):

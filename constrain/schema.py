@@ -1,0 +1,742 @@
+"""JSON Schema → byte automaton of the JSON texts that are valid instances, in constrain's writing rules.
+
+In: a JSON Schema (dict or bool) and options. Out: an `fa.Expr` / minimal `fa.Dfa`.
+The writing rules and every keyword's guarantee are listed in docs/guarantees.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from constrain import automaton as fa
+from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
+
+Whitespace = Literal["flexible", "compact"]
+
+DEFAULT_MAX_DEPTH = 3
+DEFAULT_MAX_STATES = 100_000
+DEFAULT_TIMEOUT_S = 10.0
+
+ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "$comment", "$schema", "$id", "id", "deprecated",
+        "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "$anchor", "$vocabulary",
+    }
+)
+APPLIED = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties", "anyOf", "oneOf", "allOf",
+        "$ref", "$defs", "definitions", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+        "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+        "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties", "propertyNames", "uniqueItems",
+    }
+)
+# Assertion keywords of JSON Schema drafts 4 to 2020-12 that constrain does not enforce: always an error.
+UNSUPPORTED = frozenset(
+    {
+        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
+        "minContains", "maxContains", "patternProperties", "unevaluatedProperties", "unevaluatedItems",
+        "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor", "contentSchema",
+    }
+)
+STRICT_KEYWORDS = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "$ref",
+        "$defs", "definitions", "pattern", "format", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+        "exclusiveMinimum", "minItems", "maxItems", "minLength", "maxLength",
+    }
+)
+STRICT_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
+TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+
+# JSON string writing rule: exactly what json.dumps(ensure_ascii=False) writes.
+_SHORT_ESCAPES = {0x22: b'\\"', 0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
+_ESCAPES = {b: fa.literal(_SHORT_ESCAPES.get(b, b"\\u%04x" % b)) for b in [*range(0x20), 0x22, 0x5C]}
+ANY_TEXT = fa.repeat(fa.ANY_CHAR, 0)
+
+
+def encode_string(decoded: fa.Expr) -> fa.Expr:
+    """The JSON string literals (quotes included) whose decoded value is in `decoded` (UTF-8)."""
+    return fa.concat(fa.literal(b'"'), fa.substitute(decoded, _ESCAPES), fa.literal(b'"'))
+
+
+def dump_json(value: Any, whitespace: Whitespace = "compact") -> str:
+    """A value in the canonical writing style (keys in the given order)."""
+    separators = (",", ":") if whitespace == "compact" else (", ", ": ")
+    return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
+
+
+@dataclass
+class SchemaOptions:
+    """How a schema is compiled. See `compile_schema`."""
+
+    strict: bool = False
+    whitespace: Whitespace = "flexible"
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_states: int = DEFAULT_MAX_STATES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class CompiledSchema:
+    """The automaton of a schema plus what was ignored on the way (unknown, non-assertion keywords)."""
+
+    dfa: fa.Dfa
+    ignored_keywords: list[str] = field(default_factory=list)
+
+
+def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> CompiledSchema:
+    """Compile a JSON Schema to the minimal DFA of its valid instances' texts.
+
+    Args:
+        schema: a JSON Schema (dict or bool), drafts 4 to 2020-12 keyword spellings.
+        pointer: JSON Pointer of `schema` inside the request (prefixed to every error pointer).
+        strict: OpenAI strict mode: the schema must be in the strict subset; output compact.
+        whitespace: "flexible" (an optional single space after `,` and `:`) or "compact" (none).
+        max_depth: how deep recursive `$ref`s are unrolled and free-form values (no `type`) nest.
+        max_states: state budget of every intermediate automaton.
+        timeout_s: compile-time budget.
+    Returns:
+        `CompiledSchema` with the DFA and the pointers of ignored unknown keywords.
+    Raises:
+        InvalidSchema: not a valid schema, or outside the strict subset under `strict`.
+        UnsupportedSchema: a valid schema constrain cannot enforce exactly, or over budget.
+    """
+    opts = SchemaOptions(**options)
+    if opts.whitespace not in ("flexible", "compact"):
+        raise ValueError(f"whitespace must be 'flexible' or 'compact', got {opts.whitespace!r}")
+    if opts.strict:
+        opts.whitespace = "compact"
+        _check_strict_node(schema, pointer, True)
+    compiler = _Compiler(schema, opts, pointer)
+    expr = compiler.value(schema, pointer, ())
+    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer)
+    if dfa.is_empty:
+        raise UnsupportedSchema(
+            "no JSON value satisfies this schema under constrain's writing rules"
+            f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth})",
+            pointer=pointer,
+        )
+    return CompiledSchema(dfa, sorted(set(compiler.ignored)))
+
+
+# ---------------------------------------------------------------------------
+# strict mode (OpenAI Structured Outputs subset)
+# ---------------------------------------------------------------------------
+
+
+def _strict_error(message: str, pointer: str) -> InvalidSchema:
+    return InvalidSchema(message, pointer=pointer, code="invalid_function_parameters")
+
+
+def _check_strict_node(node: Any, pointer: str, is_root: bool) -> None:
+    if not isinstance(node, dict):
+        raise _strict_error("strict mode needs every schema to be an object", pointer)
+    for key in node:
+        if key in ANNOTATIONS:
+            continue
+        if key not in STRICT_KEYWORDS:
+            raise _strict_error(f"keyword '{key}' is not supported in strict mode", join_pointer(pointer, key))
+    if is_root:
+        if "anyOf" in node:
+            raise _strict_error("the root schema must not be 'anyOf' in strict mode", join_pointer(pointer, "anyOf"))
+        if node.get("type") != "object":
+            raise _strict_error("the root schema must have type 'object' in strict mode", join_pointer(pointer, "type"))
+    types = node.get("type")
+    type_list = types if isinstance(types, list) else [types]
+    if "object" in type_list or "properties" in node:
+        if node.get("additionalProperties", None) is not False:
+            raise _strict_error("'additionalProperties' is required to be supplied and to be false", pointer)
+        props = node.get("properties", {})
+        required = node.get("required", [])
+        missing = [k for k in props if k not in required]
+        if missing:
+            raise _strict_error(
+                f"'required' is required to be supplied and to be an array including every key in properties; missing {missing[0]!r}",
+                join_pointer(pointer, "required"),
+            )
+    fmt = node.get("format")
+    if fmt is not None and fmt not in STRICT_FORMATS:
+        raise _strict_error(f"format '{fmt}' is not supported in strict mode", join_pointer(pointer, "format"))
+    for key in ("properties", "$defs", "definitions"):
+        for name, sub in (node.get(key) or {}).items():
+            _check_strict_node(sub, join_pointer(pointer, key, name), False)
+    if "items" in node:
+        _check_strict_node(node["items"], join_pointer(pointer, "items"), False)
+    for i, sub in enumerate(node.get("anyOf") or []):
+        _check_strict_node(sub, join_pointer(pointer, "anyOf", i), False)
+
+
+# ---------------------------------------------------------------------------
+# the compiler
+# ---------------------------------------------------------------------------
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    raise TypeError(f"not a JSON value: {value!r}")
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON Schema equality: numbers by value, booleans distinct from numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+class _Compiler:
+    def __init__(self, root: Any, opts: SchemaOptions, pointer: str):
+        self.root = root
+        self.opts = opts
+        self.base = pointer
+        self.deadline = time.monotonic() + opts.timeout_s
+        self.ignored: list[str] = []
+        sep = fa.optional(fa.literal(b" ")) if opts.whitespace == "flexible" else fa.EMPTY
+        self.comma = fa.concat(fa.literal(b","), sep)
+        self.colon = fa.concat(fa.literal(b":"), sep)
+        self._any_cache: dict[int, fa.Expr] = {}
+        self._memo: dict[tuple[int, tuple[str, ...]], fa.Expr] = {}
+
+    # -- entry ---------------------------------------------------------------
+
+    def value(self, schema: Any, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        """The texts of the values valid against `schema`; `refs` is the stack of `$ref`s being expanded."""
+        if time.monotonic() > self.deadline:
+            raise fa.BudgetExceeded("schema compilation exceeded its time budget", pointer=pointer)
+        if schema is True or schema == {}:
+            return self.any_value(self.opts.max_depth)
+        if schema is False:
+            return fa.NOTHING
+        if not isinstance(schema, dict):
+            raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer=pointer)
+        key = (id(schema), refs)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        schema, pointer, refs = self.resolve(schema, pointer, refs)
+        if schema is None:  # recursion bound reached
+            return fa.NOTHING
+        expr = self._value(schema, pointer, refs)
+        self._memo[key] = expr
+        return expr
+
+    def resolve(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> tuple[dict | None, str, tuple[str, ...]]:
+        """Follow `$ref` (merging sibling keywords), and flatten `allOf` into one schema."""
+        seen = 0
+        while "$ref" in schema:
+            ref = schema["$ref"]
+            if not isinstance(ref, str):
+                raise InvalidSchema("'$ref' must be a string", pointer=join_pointer(pointer, "$ref"))
+            if refs.count(ref) >= self.opts.max_depth:
+                return None, pointer, refs
+            target, target_pointer = self.lookup(ref, join_pointer(pointer, "$ref"))
+            refs = refs + (ref,)
+            seen += 1
+            if seen > 64:
+                raise UnsupportedSchema("chain of more than 64 '$ref's", pointer=pointer)
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            if target is False:
+                return None, pointer, refs
+            if target is True:
+                target = {}
+            if not isinstance(target, dict):
+                raise InvalidSchema(f"'$ref' target {ref!r} is not a schema", pointer=join_pointer(pointer, "$ref"))
+            if siblings and any(k not in ANNOTATIONS and k not in ("$defs", "definitions") for k in siblings):
+                schema = self.merge(target, siblings, target_pointer, pointer)
+            else:
+                schema, pointer = target, target_pointer
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or not parts:
+                raise InvalidSchema("'allOf' must be a non-empty array", pointer=join_pointer(pointer, "allOf"))
+            merged: dict = {k: v for k, v in schema.items() if k != "allOf"}
+            for i, part in enumerate(parts):
+                part_pointer = join_pointer(pointer, "allOf", i)
+                if part is True:
+                    continue
+                if part is False:
+                    return None, pointer, refs  # allOf with false: nothing is valid
+                if not isinstance(part, dict):
+                    raise InvalidSchema("allOf items must be schemas", pointer=part_pointer)
+                resolved, _, refs = self.resolve(part, part_pointer, refs)
+                if resolved is None:
+                    return None, pointer, refs
+                merged = self.merge(merged, resolved, pointer, part_pointer)
+            schema = merged
+            if "$ref" in schema or "allOf" in schema:
+                return self.resolve(schema, pointer, refs)
+        return schema, pointer, refs
+
+    def lookup(self, ref: str, pointer: str) -> tuple[Any, str]:
+        if not ref.startswith("#"):
+            raise UnsupportedSchema(f"only local '$ref's (starting with '#') are supported, got {ref!r}", pointer=pointer)
+        node: Any = self.root
+        path = ref[1:]
+        if path and not path.startswith("/"):
+            raise UnsupportedSchema(f"'$ref' to an anchor is not supported: {ref!r}", pointer=pointer)
+        from urllib.parse import unquote
+
+        for token in [t for t in path.split("/")[1:]]:
+            token = unquote(token).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
+        return node, self.base + path
+
+    # -- merging (allOf, $ref with siblings) -------------------------------------
+
+    def merge(self, a: dict, b: dict, pa: str, pb: str) -> dict:
+        """One schema equivalent to allOf[a, b] for the keywords constrain applies."""
+        out = dict(a)
+        for key, bv in b.items():
+            if key in ANNOTATIONS or key in ("$defs", "definitions"):
+                out.setdefault(key, bv)
+                continue
+            if key not in out:
+                out[key] = bv
+                continue
+            av = out[key]
+            where = join_pointer(pb, key)
+            if key == "type":
+                ta = set(av if isinstance(av, list) else [av])
+                tb = set(bv if isinstance(bv, list) else [bv])
+                both = {t for t in ta if t in tb}
+                if "integer" in ta and "number" in tb or "number" in ta and "integer" in tb:
+                    both.add("integer")
+                out[key] = sorted(both)
+            elif key == "required":
+                out[key] = list(dict.fromkeys([*av, *bv]))
+            elif key == "properties":
+                props = dict(av)
+                for name, sub in bv.items():
+                    props[name] = {"allOf": [props[name], sub]} if name in props else sub
+                out[key] = props
+            elif key in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum") and not isinstance(av, bool) and not isinstance(bv, bool):
+                out[key] = max(av, bv)
+            elif key in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum") and not isinstance(av, bool) and not isinstance(bv, bool):
+                out[key] = min(av, bv)
+            elif key in ("enum", "const"):
+                va = av if key == "enum" else [av]
+                vb = bv if key == "enum" else [bv]
+                out.pop("const", None)
+                out["enum"] = [x for x in va if any(_json_equal(x, y) for y in vb)]
+            elif key in ("anyOf", "oneOf"):
+                out[key] = [{"allOf": [x, y]} for x in av for y in bv]
+            elif key in ("items", "additionalProperties", "propertyNames"):
+                if isinstance(av, list) or isinstance(bv, list):
+                    raise UnsupportedSchema(f"cannot merge tuple-form '{key}' in allOf", pointer=where)
+                out[key] = {"allOf": [av, bv]}
+            elif key == "uniqueItems":
+                out[key] = bool(av) or bool(bv)
+            elif _json_equal(av, bv):
+                continue
+            elif key == "pattern":
+                out.setdefault("_patterns", []).append((bv, where))
+            elif key == "format":
+                out.setdefault("_formats", []).append((bv, where))
+            elif key == "multipleOf" and float(av).is_integer() and float(bv).is_integer():
+                out[key] = math.lcm(int(av), int(bv))
+            else:
+                raise UnsupportedSchema(f"cannot merge two different '{key}' values in allOf", pointer=where)
+        if "properties" in a and "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
+            self._merge_closed_objects(a, b, out)
+        return out
+
+    @staticmethod
+    def _merge_closed_objects(a: dict, b: dict, out: dict) -> None:
+        # A property that one side does not declare is governed by that side's additionalProperties.
+        props = dict(out.get("properties", {}))
+        for side in (a, b):
+            extra = side.get("additionalProperties", True)
+            if extra is True:
+                continue
+            declared = side.get("properties", {})
+            for name in list(props):
+                if name not in declared:
+                    props[name] = {"allOf": [props[name], extra]}
+        if props:
+            out["properties"] = props
+
+    # -- dispatch by type ----------------------------------------------------------
+
+    def _value(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        for key in schema:
+            if key in APPLIED or key in ("_patterns", "_formats"):
+                continue
+            if key in ANNOTATIONS:
+                continue
+            if key in UNSUPPORTED:
+                raise UnsupportedSchema(f"keyword '{key}' is not supported", pointer=join_pointer(pointer, key))
+            if key == "$ref":
+                continue
+            self.ignored.append(join_pointer(pointer, key))
+        if schema.get("uniqueItems") is True:
+            raise UnsupportedSchema("'uniqueItems': true is not supported", pointer=join_pointer(pointer, "uniqueItems"))
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                branches = schema[key]
+                if not isinstance(branches, list) or not branches:
+                    raise InvalidSchema(f"'{key}' must be a non-empty array", pointer=join_pointer(pointer, key))
+                rest = {k: v for k, v in schema.items() if k != key}
+                exprs = []
+                for i, branch in enumerate(branches):
+                    bp = join_pointer(pointer, key, i)
+                    combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
+                    exprs.append(self.value(combined, bp, refs))
+                return fa.union(*exprs)
+        if "enum" in schema or "const" in schema:
+            return self.enum(schema, pointer, refs)
+        types = self.types(schema, pointer)
+        alternatives = []
+        for t in types:
+            if t == "integer" and "number" in types:
+                continue
+            alternatives.append(self.typed(t, schema, pointer, refs))
+        return fa.union(*alternatives)
+
+    def types(self, schema: dict, pointer: str) -> list[str]:
+        t = schema.get("type")
+        if t is None:
+            return ["null", "boolean", "object", "array", "string", "number"]
+        names = t if isinstance(t, list) else [t]
+        for name in names:
+            if name not in TYPES:
+                raise InvalidSchema(f"unknown type {name!r}", pointer=join_pointer(pointer, "type"))
+        return list(dict.fromkeys(names))
+
+    def typed(self, t: str, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        if t == "null":
+            return fa.literal(b"null")
+        if t == "boolean":
+            return fa.union(fa.literal(b"true"), fa.literal(b"false"))
+        if t == "string":
+            return self.string(schema, pointer)
+        if t in ("integer", "number"):
+            return self.number(t, schema, pointer)
+        if t == "array":
+            return self.array(schema, pointer, refs)
+        return self.object(schema, pointer, refs)
+
+    # -- scalars ---------------------------------------------------------------------
+
+    def decoded_string(self, schema: dict, pointer: str) -> fa.Expr:
+        """The decoded string values (UTF-8) allowed by the string keywords of `schema`."""
+        lo = schema.get("minLength", 0)
+        hi = schema.get("maxLength")
+        for key, v in (("minLength", lo), ("maxLength", hi)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
+                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
+        lo, hi = int(lo), (None if hi is None else int(hi))
+        if hi is not None and hi < lo:
+            return fa.NOTHING
+        parts: list[fa.Expr] = []
+        patterns = [(schema["pattern"], join_pointer(pointer, "pattern"))] if "pattern" in schema else []
+        patterns += schema.get("_patterns", [])
+        formats = [(schema["format"], join_pointer(pointer, "format"))] if "format" in schema else []
+        formats += schema.get("_formats", [])
+        from constrain import formats as _formats
+        from constrain import regex as _regex
+
+        for pattern, where in patterns:
+            if not isinstance(pattern, str):
+                raise InvalidSchema("'pattern' must be a string", pointer=where)
+            parts.append(_regex.pattern_expr(pattern, pointer=where))
+        for name, where in formats:
+            if not isinstance(name, str):
+                raise InvalidSchema("'format' must be a string", pointer=where)
+            parts.append(_formats.format_expr(name, pointer=where))
+        if lo or hi is not None or not parts:
+            parts.append(fa.repeat(fa.ANY_CHAR, lo, hi))
+        expr = parts[0]
+        for part in parts[1:]:
+            expr = fa.intersect(expr, part)
+        return expr
+
+    def string(self, schema: dict, pointer: str) -> fa.Expr:
+        return encode_string(self.decoded_string(schema, pointer))
+
+    def number(self, t: str, schema: dict, pointer: str) -> fa.Expr:
+        from constrain import numbers as _numbers
+
+        bounds = {}
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+            if key in schema:
+                v = schema[key]
+                if isinstance(v, bool) and key.startswith("exclusive"):
+                    continue  # draft 4 boolean form, folded below
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise InvalidSchema(f"'{key}' must be a number", pointer=join_pointer(pointer, key))
+                if key == "multipleOf" and v <= 0:
+                    raise InvalidSchema("'multipleOf' must be greater than 0", pointer=join_pointer(pointer, key))
+                bounds[key] = v
+        if schema.get("exclusiveMinimum") is True and "minimum" in bounds:
+            bounds["exclusiveMinimum"] = bounds.pop("minimum")
+        if schema.get("exclusiveMaximum") is True and "maximum" in bounds:
+            bounds["exclusiveMaximum"] = bounds.pop("maximum")
+        build = _numbers.integer_expr if t == "integer" else _numbers.number_expr
+        return build(
+            bounds.get("minimum"),
+            bounds.get("maximum"),
+            exclusive_minimum=bounds.get("exclusiveMinimum"),
+            exclusive_maximum=bounds.get("exclusiveMaximum"),
+            multiple_of=bounds.get("multipleOf"),
+            pointer=pointer,
+        )
+
+    def literal_value(self, value: Any) -> fa.Expr:
+        """The text of one JSON value in the writing rules (keys in the given order)."""
+        if isinstance(value, float) and value.is_integer() or isinstance(value, int) and not isinstance(value, bool):
+            whole = int(value)
+            return fa.union(fa.literal(str(whole).encode()), fa.literal(f"{whole}.0".encode()))
+        if isinstance(value, (str, bool, float)) or value is None:
+            return fa.literal(dump_json(value).encode())
+        if isinstance(value, list):
+            return fa.concat(fa.literal(b"["), fa.sequence_of([self.literal_value(v) for v in value], self.comma), fa.literal(b"]"))
+        if isinstance(value, dict):
+            members = [fa.concat(fa.literal(dump_json(k).encode()), self.colon, self.literal_value(v)) for k, v in value.items()]
+            return fa.concat(fa.literal(b"{"), fa.sequence_of(members, self.comma), fa.literal(b"}"))
+        raise InvalidSchema(f"not a JSON value: {value!r}", pointer="")
+
+    def enum(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        if "enum" in schema:
+            values = schema["enum"]
+            if not isinstance(values, list):
+                raise InvalidSchema("'enum' must be an array", pointer=join_pointer(pointer, "enum"))
+            if "const" in schema:
+                values = [v for v in values if _json_equal(v, schema["const"])]
+        else:
+            values = [schema["const"]]
+        rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k not in ANNOTATIONS}
+        if set(rest) <= {"type"}:
+            types = set(self.types(schema, pointer))
+            kept = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
+        else:
+            check = fa.compile(self._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            kept = [v for v in values if check.matches(dump_json(v, self.opts.whitespace).encode())]
+        return fa.union(*(self.literal_value(v) for v in kept))
+
+    def any_value(self, depth: int) -> fa.Expr:
+        """Any JSON value, arrays and objects nested at most `depth` levels."""
+        hit = self._any_cache.get(depth)
+        if hit is not None:
+            return hit
+        from constrain import numbers as _numbers
+
+        scalars = [fa.literal(b"null"), fa.literal(b"true"), fa.literal(b"false"), _numbers.JSON_NUMBER, encode_string(ANY_TEXT)]
+        if depth > 0:
+            inner = self.any_value(depth - 1)
+            items = fa.optional(fa.concat(inner, fa.repeat(fa.concat(self.comma, inner), 0)))
+            member = fa.concat(encode_string(ANY_TEXT), self.colon, inner)
+            members = fa.optional(fa.concat(member, fa.repeat(fa.concat(self.comma, member), 0)))
+            scalars += [fa.concat(fa.literal(b"["), items, fa.literal(b"]")), fa.concat(fa.literal(b"{"), members, fa.literal(b"}"))]
+        expr = fa.compile(fa.union(*scalars), max_states=self.opts.max_states, deadline=self.deadline)
+        self._any_cache[depth] = expr
+        return expr
+
+    # -- arrays --------------------------------------------------------------------------
+
+    def array(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        lo = schema.get("minItems", 0)
+        hi = schema.get("maxItems")
+        for key, v in (("minItems", lo), ("maxItems", hi)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
+                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
+        lo, hi = int(lo), (None if hi is None else int(hi))
+        items = schema.get("items", True)
+        prefix = schema.get("prefixItems", [])
+        prefix_key = "prefixItems"
+        if isinstance(items, list):  # draft 4-7 tuple form
+            prefix, prefix_key = items, "items"
+            items = schema.get("additionalItems", True)
+            items_pointer = join_pointer(pointer, "additionalItems")
+        else:
+            items_pointer = join_pointer(pointer, "items")
+        if not isinstance(prefix, list):
+            raise InvalidSchema("'prefixItems' must be an array", pointer=join_pointer(pointer, "prefixItems"))
+        prefix_exprs = [self.value(s, join_pointer(pointer, prefix_key, i), refs) for i, s in enumerate(prefix)]
+        rest = fa.NOTHING if items is False else self.value(items, items_pointer, refs)
+        if rest == fa.NOTHING:
+            hi = len(prefix) if hi is None else min(hi, len(prefix))
+        if hi is not None and hi < lo:
+            return fa.NOTHING
+        # a prefix item that cannot be written caps the length before it
+        for i, e in enumerate(prefix_exprs):
+            if e == fa.NOTHING:
+                hi = i if hi is None else min(hi, i)
+                break
+        if hi is not None and hi < lo:
+            return fa.NOTHING
+
+        def tail(i: int) -> fa.Expr:
+            """Elements i.. (each preceded by a comma), given i elements so far."""
+            if hi is not None and i >= hi:
+                return fa.EMPTY
+            if i >= len(prefix_exprs):
+                more_lo = max(lo - i, 0)
+                more_hi = None if hi is None else hi - i
+                return fa.repeat(fa.concat(self.comma, rest), more_lo, more_hi)
+            step = fa.concat(self.comma, prefix_exprs[i], tail(i + 1))
+            return step if i < lo else fa.optional(step)
+
+        first = prefix_exprs[0] if prefix_exprs else rest
+        body = fa.concat(first, tail(1)) if (hi is None or hi >= 1) else fa.NOTHING
+        if lo == 0:
+            body = fa.optional(body)
+        return fa.concat(fa.literal(b"["), body, fa.literal(b"]"))
+
+    # -- objects -------------------------------------------------------------------------
+
+    def object(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise InvalidSchema("'properties' must be an object", pointer=join_pointer(pointer, "properties"))
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise InvalidSchema("'required' must be an array of strings", pointer=join_pointer(pointer, "required"))
+        extra = schema.get("additionalProperties", True)
+        names_schema = schema.get("propertyNames", True)
+        min_p = int(schema.get("minProperties", 0))
+        max_p = schema.get("maxProperties")
+        max_p = None if max_p is None else int(max_p)
+        names_expr = None
+        if names_schema is not True:
+            names_expr = self.property_names(names_schema, join_pointer(pointer, "propertyNames"))
+        # required properties that are not declared are governed by additionalProperties
+        slots: list[tuple[str, fa.Expr, bool]] = []
+        for name, sub in props.items():
+            value = self.value(sub, join_pointer(pointer, "properties", name), refs)
+            if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
+                value = fa.NOTHING
+            slots.append((name, value, name in required))
+        declared = set(props)
+        for name in required:
+            if name not in declared:
+                value = fa.NOTHING if extra is False else self.value(extra, join_pointer(pointer, "additionalProperties"), refs)
+                if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
+                    value = fa.NOTHING
+                slots.append((name, value, True))
+                declared.add(name)
+        for name, value, is_required in slots:
+            if is_required and value == fa.NOTHING:
+                return fa.NOTHING
+        slots = [s for s in slots if s[1] != fa.NOTHING]
+        members = [(fa.concat(fa.literal(dump_json(name).encode()), self.colon, value), is_required) for name, value, is_required in slots]
+        extra_member = None
+        if extra is not False:
+            extra_value = self.value(extra, join_pointer(pointer, "additionalProperties"), refs)
+            if extra_value != fa.NOTHING:
+                key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in declared))) if declared else ANY_TEXT
+                if names_expr is not None:
+                    key_text = fa.intersect(key_text, names_expr)
+                extra_member = fa.concat(encode_string(key_text), self.colon, extra_value)
+        n_req = sum(1 for _, r in members if r)
+        if max_p is not None and n_req > max_p:
+            return fa.NOTHING
+        counted = min_p > 0 or max_p is not None
+        body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
+        return fa.concat(fa.literal(b"{"), body, fa.literal(b"}"))
+
+    def property_names(self, names_schema: Any, pointer: str) -> fa.Expr:
+        if names_schema is False:
+            return fa.NOTHING
+        if not isinstance(names_schema, dict):
+            raise InvalidSchema("'propertyNames' must be a schema", pointer=pointer)
+        resolved, pointer, _ = self.resolve(names_schema, pointer, ())
+        if resolved is None:
+            return fa.NOTHING
+        allowed = {"type", "minLength", "maxLength", "pattern", "format", "_patterns", "_formats", "enum", "const"}
+        for key in resolved:
+            if key not in allowed and key not in ANNOTATIONS:
+                raise UnsupportedSchema(f"'propertyNames' with '{key}' is not supported", pointer=join_pointer(pointer, key))
+        if resolved.get("type", "string") not in ("string", ["string"]):
+            return fa.NOTHING
+        if "enum" in resolved or "const" in resolved:
+            values = resolved.get("enum", [resolved.get("const")])
+            return fa.union(*(fa.literal(v.encode()) for v in values if isinstance(v, str)))
+        return self.decoded_string(resolved, pointer)
+
+    def members_uncounted(self, members: list[tuple[fa.Expr, bool]], extra: fa.Expr | None) -> fa.Expr:
+        """Declared members in order (optional ones skippable), then any number of extra members."""
+        # Built back to front: after(i, any) = what may follow once slots < i are settled,
+        # `any` telling whether a member was already written (so the next one needs a comma).
+        n = len(members)
+        after_none: fa.Expr = fa.EMPTY if extra is None else fa.optional(fa.concat(extra, fa.repeat(fa.concat(self.comma, extra), 0)))
+        after_some: fa.Expr = fa.EMPTY if extra is None else fa.repeat(fa.concat(self.comma, extra), 0)
+        for i in range(n - 1, -1, -1):
+            member, is_required = members[i]
+            take_none = fa.concat(member, after_some)
+            take_some = fa.concat(self.comma, member, after_some)
+            if is_required:
+                after_none, after_some = take_none, take_some
+            else:
+                after_none, after_some = fa.union(take_none, after_none), fa.union(take_some, after_some)
+        return after_none
+
+    def members(self, members: list[tuple[fa.Expr, bool]], extra: fa.Expr | None, min_p: int, max_p: int | None) -> fa.Expr:
+        """Like `members_uncounted`, with the number of members kept within [min_p, max_p]."""
+        cap = (max_p if max_p is not None else min_p) + 1  # counts >= cap are equivalent when max_p is None
+
+        def bump(c: int) -> int:
+            return min(c + 1, cap) if max_p is None else c + 1
+
+        def ok(c: int) -> bool:
+            return c >= min_p and (max_p is None or c <= max_p)
+
+        n = len(members)
+        # after[c] for slot index i, built back to front
+        counts = range(cap + 1)
+        extra_tail: dict[int, fa.Expr] = {}
+
+        def extras(c: int, depth: int = 0) -> fa.Expr:
+            if c in extra_tail:
+                return extra_tail[c]
+            done = fa.EMPTY if ok(c) else fa.NOTHING
+            if extra is None or (max_p is not None and c >= max_p):
+                result = done
+            elif max_p is None and c == cap:
+                result = fa.repeat(fa.concat(self.comma, extra), 0) if ok(c) else fa.NOTHING
+            else:
+                sep = self.comma if c > 0 else fa.EMPTY
+                result = fa.union(done, fa.concat(sep, extra, extras(bump(c))))
+            extra_tail[c] = result
+            return result
+
+        after = {c: extras(c) for c in counts}
+        for i in range(n - 1, -1, -1):
+            member, is_required = members[i]
+            nxt = {}
+            for c in counts:
+                if max_p is not None and c >= max_p:
+                    take = fa.NOTHING
+                else:
+                    sep = self.comma if c > 0 else fa.EMPTY
+                    take = fa.concat(sep, member, after[bump(c)])
+                nxt[c] = take if is_required else fa.union(take, after[c])
+            after = nxt
+        return after[0]
