@@ -629,8 +629,9 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
 def _minimise(trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget) -> tuple[np.ndarray, np.ndarray, int]:
     """Moore partition refinement, vectorised with numpy."""
     n, k = trans.shape
-    block = accepting.astype(np.int64)
-    n_blocks = len(np.unique(block))
+    _, block = np.unique(accepting, return_inverse=True)
+    block = block.reshape(-1).astype(np.int64)
+    n_blocks = int(block.max()) + 1
     while True:
         target_blocks = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
         signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))

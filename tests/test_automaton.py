@@ -1,0 +1,122 @@
+"""Byte automata: random expressions against Python's `re` as the oracle."""
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from constrain import automaton as fa
+
+ALPHABET = b"abc"
+
+
+def _leaf():
+    return st.one_of(
+        st.sampled_from(ALPHABET).map(lambda b: (fa.literal(bytes([b])), re.escape(chr(b)))),
+        st.just((fa.byte_set([(97, 98)]), "[ab]")),
+        st.just((fa.EMPTY, "(?:)")),
+    )
+
+
+def _extend(children):
+    pair = st.tuples(children, children)
+    return st.one_of(
+        pair.map(lambda p: (fa.concat(p[0][0], p[1][0]), f"(?:{p[0][1]})(?:{p[1][1]})")),
+        pair.map(lambda p: (fa.union(p[0][0], p[1][0]), f"(?:{p[0][1]}|{p[1][1]})")),
+        st.tuples(children, st.integers(0, 3), st.integers(0, 2)).map(
+            lambda t: (fa.repeat(t[0][0], t[1], t[1] + t[2]), f"(?:{t[0][1]}){{{t[1]},{t[1] + t[2]}}}")
+        ),
+        children.map(lambda c: (fa.repeat(c[0], 0), f"(?:{c[1]})*")),
+        children.map(lambda c: (fa.optional(c[0]), f"(?:{c[1]})?")),
+    )
+
+
+EXPRS = st.recursive(_leaf(), _extend, max_leaves=8)
+WORDS = st.lists(st.binary(min_size=0, max_size=7).map(lambda b: bytes(ALPHABET[x % 3] for x in b)), min_size=20, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EXPRS, WORDS)
+def test_compiled_automaton_agrees_with_re(expr_and_regex, words):
+    expr, pattern = expr_and_regex
+    dfa = fa.compile(expr)
+    oracle = re.compile(pattern.encode())
+    for word in words + fa.accepted_strings(dfa, limit=20, max_len=8):
+        assert dfa.matches(word) == bool(oracle.fullmatch(word)), (pattern, word)
+
+
+@settings(max_examples=60, deadline=None)
+@given(EXPRS, EXPRS, WORDS)
+def test_intersection_and_difference(a, b, words):
+    ia = fa.compile(fa.intersect(a[0], b[0]))
+    da = fa.compile(fa.difference(a[0], b[0]))
+    ra, rb = re.compile(a[1].encode()), re.compile(b[1].encode())
+    for word in words:
+        in_a, in_b = bool(ra.fullmatch(word)), bool(rb.fullmatch(word))
+        assert ia.matches(word) == (in_a and in_b)
+        assert da.matches(word) == (in_a and not in_b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(EXPRS)
+def test_result_is_trimmed_and_minimal(expr_and_regex):
+    dfa = fa.compile(expr_and_regex[0])
+    if dfa.is_empty:
+        return
+    # every state reachable and co-reachable
+    dist = fa.shortest_distances(dfa)
+    assert (dist < np.iinfo(np.int64).max).all()
+    # minimal: recompiling the DFA as an expression gives the same number of states
+    assert fa.compile(fa.concat(dfa)).n_states == dfa.n_states
+
+
+@pytest.mark.parametrize(
+    "lo,hi",
+    [(0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF), (0xD000, 0xE100), (0x41, 0x1F600), (0x3B1, 0x3C9)],
+)
+def test_chars_is_exact_utf8(lo, hi):
+    dfa = fa.compile(fa.chars([(lo, hi)]))
+    rng = np.random.default_rng(lo)
+    probes = {lo, hi, lo - 1, hi + 1, 0xD7FF, 0xD800, 0xDFFF, 0xE000, *rng.integers(0, 0x110000, 300).tolist()}
+    for cp in probes:
+        if 0 <= cp <= 0x10FFFF and not 0xD800 <= cp <= 0xDFFF:
+            assert dfa.matches(chr(cp).encode()) == (lo <= cp <= hi), hex(cp)
+    # surrogates and overlong / invalid encodings never match
+    for bad in (b"\xed\xa0\x80", b"\xc0\x80", b"\xe0\x80\x80", b"\xf4\x90\x80\x80", b"\xff"):
+        assert not dfa.matches(bad)
+
+
+def test_text_without():
+    dfa = fa.compile(fa.text_without(b"</think>"))
+    assert dfa.matches("reasoning </thin k> done ✓".encode())
+    assert not dfa.matches(b"a </think> b")
+    assert dfa.matches(b"</think")  # a prefix of the forbidden text is fine
+
+
+def test_specials_are_symbols_not_bytes():
+    dfa = fa.compile(fa.concat(fa.literal(b"x"), fa.special(151657)))
+    assert dfa.specials == (151657,)
+    s = dfa.step(dfa.start, b"x")
+    assert dfa.step_symbol(s, dfa.special_symbol(151657)) >= 0
+    assert not dfa.matches(b"x")
+
+
+def test_budget_exceeded_is_typed():
+    expr = fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 5000)
+    with pytest.raises(fa.BudgetExceeded):
+        fa.compile(expr, max_states=1000)
+
+
+def test_substitute_maps_bytes_to_languages():
+    dfa = fa.compile(fa.substitute(fa.repeat(fa.byte_set([(97, 99)]), 0), {ord("b"): fa.literal(b"XY")}))
+    assert dfa.matches(b"aXYc") and not dfa.matches(b"abc")
+
+
+def test_dfa_pickles():
+    import pickle
+
+    dfa = fa.compile(fa.repeat(fa.literal(b"ab"), 1, 3))
+    clone = pickle.loads(pickle.dumps(dfa))
+    assert clone == dfa and clone.matches(b"abab")
