@@ -15,6 +15,8 @@ __all__ = ["TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_bu
 
 # Eager builds walk several states at once; a batch's boolean scratch is capped at this many bytes.
 _EAGER_BATCH_BYTES = 16 << 20
+# Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
+_DENSE_RATIO = 4
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -25,43 +27,50 @@ _EAGER_BATCH_BYTES = 16 << 20
 class _Trie:
     """Breadth-first byte trie of a vocabulary's byte tokens.
 
-    Nodes are numbered depth by depth (all depth-1 nodes first); within a depth they follow the sorted order of the
-    token bytes, so the children of any node form one contiguous run `child_start[n] : child_start[n] + child_count[n]`.
-    Node `n` spells the bytes of the tokens `term_tokens[term_start[n] : term_start[n] + term_count[n]]`.
+    Nodes are numbered depth by depth (depth `d` holds global ids `depth_start[d-1] : depth_start[d]`); within a depth
+    they follow the sorted order of the token bytes, so the children of any node form one contiguous run
+    `child_start[n] : child_start[n] + child_count[n]`, and `parent_local[n]` is the parent's offset inside its depth.
+    Token `term_tokens[i]` spells exactly the path to node `term_node[i]`; `term_start`/`term_count` index that list
+    per node.
     """
 
     node_byte: np.ndarray  # uint8 [n_nodes]
-    child_start: np.ndarray  # int64 [n_nodes]
-    child_count: np.ndarray  # int64 [n_nodes]
-    term_start: np.ndarray  # int64 [n_nodes]
-    term_count: np.ndarray  # int64 [n_nodes]
-    term_tokens: np.ndarray  # int64 [n_byte_tokens], token ids grouped by end node
-    n_depth1: int
-    max_depth: int
+    parent_local: np.ndarray  # intp [n_nodes]
+    child_start: np.ndarray  # intp [n_nodes]
+    child_count: np.ndarray  # intp [n_nodes]
+    term_start: np.ndarray  # intp [n_nodes]
+    term_count: np.ndarray  # intp [n_nodes]
+    term_tokens: np.ndarray  # intp [n_byte_tokens], token ids grouped by end node
+    term_node: np.ndarray  # intp [n_byte_tokens]
+    depth_start: tuple[int, ...]  # max_depth + 1 entries
 
     @property
     def n_nodes(self) -> int:
         return int(self.node_byte.shape[0])
 
     @property
+    def max_depth(self) -> int:
+        return len(self.depth_start) - 1
+
+    @property
     def nbytes(self) -> int:
-        return sum(
-            int(a.nbytes)
-            for a in (
-                self.node_byte,
-                self.child_start,
-                self.child_count,
-                self.term_start,
-                self.term_count,
-                self.term_tokens,
-            )
+        arrays = (
+            self.node_byte,
+            self.parent_local,
+            self.child_start,
+            self.child_count,
+            self.term_start,
+            self.term_count,
+            self.term_tokens,
+            self.term_node,
         )
+        return sum(int(a.nbytes) for a in arrays)
 
 
 def _byte_token_ids(vocab: Any) -> list[int]:
-    """Ids whose bytes a byte DFA may consume: not special, not EOS, non-empty, below n_tokens."""
+    """Ids whose bytes a byte DFA may consume: not special, not EOS, and with non-empty bytes."""
     excluded = set(vocab.special_ids) | set(vocab.eos_ids)
-    return [t for t, data in enumerate(vocab.token_bytes[: vocab.n_tokens]) if data and t not in excluded]
+    return [t for t, data in enumerate(vocab.token_bytes) if data and t not in excluded]
 
 
 def _build_trie(vocab: Any) -> _Trie:
@@ -70,23 +79,23 @@ def _build_trie(vocab: Any) -> _Trie:
     uniq = sorted({token_bytes[t] for t in ids})
     uniq_index = {data: i for i, data in enumerate(uniq)}
     n = len(uniq)
-    lens = np.fromiter((len(u) for u in uniq), dtype=np.int64, count=n)
+    lens = np.fromiter((len(u) for u in uniq), dtype=np.intp, count=n)
     flat = np.frombuffer(b"".join(uniq), dtype=np.uint8)
-    offs = np.zeros(n, dtype=np.int64)
+    offs = np.zeros(n, dtype=np.intp)
     if n:
         np.cumsum(lens[:-1], out=offs[1:])
     max_depth = int(lens.max()) if n else 0
 
-    cur_node = np.zeros(n, dtype=np.int64)  # node of each string's prefix at the current depth
-    end_node = np.full(n, -1, dtype=np.int64)
+    cur_node = np.zeros(n, dtype=np.intp)  # node of each string's prefix at the current depth
+    end_node = np.full(n, -1, dtype=np.intp)
     bytes_per_depth: list[np.ndarray] = []
     parents_per_depth: list[np.ndarray] = []  # global id of each node's parent
     base = 0
-    idx = np.arange(n, dtype=np.int64)
+    idx = np.arange(n, dtype=np.intp)
     for d in range(1, max_depth + 1):
         idx = idx[lens[idx] >= d]
         b = flat[offs[idx] + (d - 1)]
-        par = cur_node[idx] if d > 1 else np.zeros(idx.shape[0], dtype=np.int64)
+        par = cur_node[idx] if d > 1 else np.zeros(idx.shape[0], dtype=np.intp)
         # Sorted order keeps every prefix class contiguous, so comparing with the previous survivor suffices.
         new = np.ones(idx.shape[0], dtype=bool)
         new[1:] = (par[1:] != par[:-1]) | (b[1:] != b[:-1])
@@ -101,29 +110,44 @@ def _build_trie(vocab: Any) -> _Trie:
 
     n_nodes = base
     node_byte = np.concatenate(bytes_per_depth) if bytes_per_depth else np.zeros(0, np.uint8)
-    child_start = np.zeros(n_nodes, dtype=np.int64)
-    child_count = np.zeros(n_nodes, dtype=np.int64)
+    child_start = np.zeros(n_nodes, dtype=np.intp)
+    child_count = np.zeros(n_nodes, dtype=np.intp)
     depth_base = 0
     for d in range(1, max_depth):
         n_here = bytes_per_depth[d - 1].shape[0]
         child_par = parents_per_depth[d]  # nondecreasing global ids of depth-d nodes
-        nodes_here = np.arange(depth_base, depth_base + n_here, dtype=np.int64)
+        nodes_here = np.arange(depth_base, depth_base + n_here, dtype=np.intp)
         left = np.searchsorted(child_par, nodes_here, side="left")
         right = np.searchsorted(child_par, nodes_here, side="right")
         child_start[depth_base : depth_base + n_here] = depth_base + n_here + left
         child_count[depth_base : depth_base + n_here] = right - left
         depth_base += n_here
 
-    token_arr = np.asarray(ids, dtype=np.int64)
-    token_node = end_node[np.fromiter((uniq_index[token_bytes[t]] for t in ids), dtype=np.int64, count=len(ids))]
+    token_arr = np.asarray(ids, dtype=np.intp)
+    token_node = end_node[np.fromiter((uniq_index[token_bytes[t]] for t in ids), dtype=np.intp, count=len(ids))]
     order = np.argsort(token_node, kind="stable")
     term_tokens = token_arr[order]
-    term_count = np.bincount(token_node, minlength=n_nodes).astype(np.int64)
-    term_start = np.zeros(n_nodes, dtype=np.int64)
+    term_count = np.bincount(token_node, minlength=n_nodes).astype(np.intp)
+    term_start = np.zeros(n_nodes, dtype=np.intp)
     if n_nodes:
         np.cumsum(term_count[:-1], out=term_start[1:])
-    n_depth1 = int(bytes_per_depth[0].shape[0]) if bytes_per_depth else 0
-    return _Trie(node_byte, child_start, child_count, term_start, term_count, term_tokens, n_depth1, max_depth)
+    depth_start = [0]
+    parent_local = [np.zeros(bytes_per_depth[0].shape[0], dtype=np.intp)] if bytes_per_depth else []
+    for d, b in enumerate(bytes_per_depth):
+        if d:
+            parent_local.append((parents_per_depth[d] - depth_start[d - 1]).astype(np.intp))
+        depth_start.append(depth_start[-1] + int(b.shape[0]))
+    return _Trie(
+        node_byte=node_byte,
+        parent_local=np.concatenate(parent_local) if parent_local else np.zeros(0, np.intp),
+        child_start=child_start,
+        child_count=child_count,
+        term_start=term_start,
+        term_count=term_count,
+        term_tokens=term_tokens,
+        term_node=token_node[order],
+        depth_start=tuple(depth_start),
+    )
 
 
 _TRIE_CACHE: OrderedDict[str, _Trie] = OrderedDict()
@@ -159,7 +183,7 @@ class TokenIndex:
       * an EOS id is allowed iff `s` is accepting;
       * an id named in `dfa.specials` (symbol `256 + i` is token `dfa.specials[i]`) is allowed iff the transition on
         its symbol is live;
-      * any other id that is not in `vocab.special_ids` is allowed iff its bytes are non-empty and walking them from
+      * any other id that is neither special nor EOS is allowed iff its bytes are non-empty and walking them from
         `s` never reaches the dead state (-1). Special and EOS ids are never walked as bytes.
     Bit `t % 32` of int32 word `t // 32` is set iff `t` is allowed; `n_words = ceil(vocab_size / 32)`.
 
@@ -224,16 +248,23 @@ class TokenIndex:
         self._vocab_size = int(vocab.vocab_size)
         self._n_tokens = int(vocab.n_tokens)
         self._n_words = (self._vocab_size + 31) // 32
-        self._tflat = np.ascontiguousarray(transitions, dtype=np.int64).ravel()
+        # int32 halves the memory traffic of the walk's gathers; `state * n_classes + class` must not overflow.
+        dtype = np.int32 if (n_states + 1) * n_classes < 2**31 else np.int64
+        # A dead row appended last: a dead state (-1) indexes `-n_classes + class`, which lands in it and stays dead.
+        dead = np.full((1, n_classes), -1, dtype=dtype)
+        self._tflat = np.concatenate([transitions.astype(dtype), dead]).ravel()
+        self._dtype = dtype
         self._accepting = np.asarray(dfa.accepting, dtype=bool)
         # Class id of every trie node for this DFA: one gather per (vocab, dfa) instead of one per state.
-        self._node_cls = class_of[:256].astype(np.int64)[trie.node_byte]
-        self._depth1_cls = self._node_cls[: trie.n_depth1]
+        self._node_cls = class_of[:256].astype(dtype)[trie.node_byte]
+        ds = trie.depth_start
+        self._cls_by_depth = [self._node_cls[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
+        self._parent_by_depth = [trie.parent_local[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         self._eos = tuple(sorted({int(t) for t in vocab.eos_ids if 0 <= t < self._n_tokens}))
-        self._eos_arr = np.asarray(self._eos, dtype=np.int64)
+        self._eos_arr = np.asarray(self._eos, dtype=np.intp)
         self._special_cls = {t: int(class_of[256 + i]) for i, t in enumerate(specials)}
-        self._special_ids_arr = np.asarray(list(self._special_cls), dtype=np.int64)
-        self._special_cls_arr = np.asarray(list(self._special_cls.values()), dtype=np.int64)
+        self._special_ids_arr = np.asarray(list(self._special_cls), dtype=np.intp)
+        self._special_cls_arr = np.asarray(list(self._special_cls.values()), dtype=np.intp)
         # Plain Python copies for the per-token cursor: list indexing beats numpy scalar access by ~10x.
         self._tr_list: list[list[int]] = transitions.tolist()
         self._cls_list: list[int] = class_of[:256].tolist()
@@ -310,7 +341,7 @@ class TokenIndex:
         row = row_of[state]
         if row >= 0:
             return row
-        mask = self._compute_masks(np.asarray([state], dtype=np.int64))[0]
+        mask = self._compute_masks(np.asarray([state], dtype=np.intp))[0]
         with self._lock:
             if row_of[state] < 0:
                 row_of[state] = self._insert_row(mask)
@@ -358,7 +389,7 @@ class TokenIndex:
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
 
     def _fill_all(self) -> None:
-        pending = np.asarray([s for s in range(self._n_states) if self._row_of[s] < 0], dtype=np.int64)
+        pending = np.asarray([s for s in range(self._n_states) if self._row_of[s] < 0], dtype=np.intp)
         batch = max(1, min(256, _EAGER_BATCH_BYTES // (self._n_words * 32)))
         for lo in range(0, pending.shape[0], batch):
             states = pending[lo : lo + batch]
@@ -369,57 +400,88 @@ class TokenIndex:
                         self._row_of[s] = self._insert_row(mask)
 
     def _compute_masks(self, states: np.ndarray) -> np.ndarray:
-        """Packed masks (int32 [len(states), n_words]) by walking the trie from every state at once.
+        """Packed masks (int32 [len(states), n_words]) by walking the trie from every state at once, depth by depth.
 
-        Each live (source, node, dfa state) triple is expanded to its children only while the DFA stays alive, so
-        a state where few first bytes survive costs a handful of small numpy ops.
+        A depth is walked densely (every node: two gathers each) while many nodes stay alive, and sparsely (only the
+        children of live nodes, a ragged expansion) once few do; a state where few first bytes survive therefore
+        costs a handful of tiny numpy ops, and a string-content state costs about two gathers per trie node.
         """
         trie = self._trie
-        tflat, node_cls, n_classes = self._tflat, self._node_cls, self._n_classes
-        k = states.shape[0]
-        n1 = trie.n_depth1
-        node = np.tile(np.arange(n1, dtype=np.int64), k)
-        src = np.repeat(np.arange(k, dtype=np.int64), n1)
-        st = tflat[np.repeat(states * n_classes, n1) + np.tile(self._depth1_cls, k)]
-        keep = st >= 0
-        node, src, st = node[keep], src[keep], st[keep]
-        alive_nodes = [node]
-        alive_src = [src]
-        child_start, child_count = trie.child_start, trie.child_count
-        while node.shape[0]:
-            cnt = child_count[node]
+        tflat, n_classes = self._tflat, self._n_classes
+        ds = trie.depth_start
+        k = int(states.shape[0])
+        # depth 1 is always dense: at most 256 nodes per state
+        full = tflat[(states.astype(self._dtype) * n_classes)[:, None] + self._cls_by_depth[0][None, :]]
+        node = src = st = None
+        dense_alive: list[tuple[int, np.ndarray]] = []
+        sparse_nodes: list[np.ndarray] = []
+        sparse_src: list[np.ndarray] = []
+        n_alive = 0
+        for d in range(trie.max_depth):
+            n_here = ds[d + 1] - ds[d]
+            if full is not None:
+                ok = full >= 0
+                m = int(np.count_nonzero(ok))
+                if m:
+                    dense_alive.append((d, ok))
+            else:
+                m = int(node.shape[0])
+                sparse_nodes.append(node)
+                sparse_src.append(src)
+            n_alive += m
+            if m == 0 or d + 1 == trie.max_depth:
+                break
+            # Dense costs ~3 passes over every node of the next depth; sparse ~10 passes over live children only.
+            if m * _DENSE_RATIO >= k * n_here:
+                if full is None:
+                    full = np.full((k, n_here), -1, dtype=self._dtype)
+                    full[src, node - ds[d]] = st
+                full = tflat[full[:, self._parent_by_depth[d + 1]] * n_classes + self._cls_by_depth[d + 1][None, :]]
+                continue
+            if full is not None:
+                src, local = np.nonzero(ok)
+                st = full[src, local]
+                node = local + ds[d]
+                full = None
+            cnt = trie.child_count[node]
             has = cnt > 0
             if not has.all():
                 node, src, st, cnt = node[has], src[has], st[has], cnt[has]
             if not node.shape[0]:
                 break
             ends = np.cumsum(cnt)
-            total = int(ends[-1])
-            # Ragged arange: child ids of every surviving node, in order.
-            child = np.arange(total, dtype=np.int64) + np.repeat(child_start[node] - (ends - cnt), cnt)
-            nxt = tflat[np.repeat(st * n_classes, cnt) + node_cls[child]]
+            # Ragged arange: the child ids of every live node, in order.
+            child = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.child_start[node] - (ends - cnt), cnt)
+            nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
             keep = nxt >= 0
-            node = child[keep]
-            st = nxt[keep]
-            src = np.repeat(src, cnt)[keep]
-            alive_nodes.append(node)
-            alive_src.append(src)
+            node, st, src = child[keep], nxt[keep], np.repeat(src, cnt)[keep]
 
-        nodes = np.concatenate(alive_nodes)
-        srcs = np.concatenate(alive_src)
-        tc = trie.term_count[nodes]
-        has = tc > 0
-        nodes, srcs, tc = nodes[has], srcs[has], tc[has]
         allowed = np.zeros((k, self._n_words * 32), dtype=bool)
-        if nodes.shape[0]:
-            ends = np.cumsum(tc)
-            pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[nodes] - (ends - tc), tc)
-            allowed[np.repeat(srcs, tc), trie.term_tokens[pos]] = True
+        if n_alive * _DENSE_RATIO >= trie.term_tokens.shape[0] * k:
+            alive = np.zeros((k, trie.n_nodes), dtype=bool)
+            for d, ok in dense_alive:
+                alive[:, ds[d] : ds[d + 1]] = ok
+            for nodes, srcs in zip(sparse_nodes, sparse_src):
+                alive[srcs, nodes] = True
+            allowed[:, trie.term_tokens] = alive[:, trie.term_node]
+        elif n_alive:
+            for d, ok in dense_alive:
+                srcs, local = np.nonzero(ok)
+                sparse_nodes.append(local + ds[d])
+                sparse_src.append(srcs)
+            nodes = np.concatenate(sparse_nodes)
+            srcs = np.concatenate(sparse_src)
+            tc = trie.term_count[nodes]
+            has = tc > 0
+            nodes, srcs, tc = nodes[has], srcs[has], tc[has]
+            if nodes.shape[0]:
+                ends = np.cumsum(tc)
+                pos = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.term_start[nodes] - (ends - tc), tc)
+                allowed[np.repeat(srcs, tc), trie.term_tokens[pos]] = True
         if self._eos:
-            acc = self._accepting[states]
-            allowed[np.ix_(acc, self._eos_arr)] = True
+            allowed[np.ix_(self._accepting[states], self._eos_arr)] = True
         if self._special_ids_arr.shape[0]:
-            live = tflat[states[:, None] * n_classes + self._special_cls_arr[None, :]] >= 0
+            live = self._tflat[states[:, None] * n_classes + self._special_cls_arr[None, :]] >= 0
             rows, cols = np.nonzero(live)
             allowed[rows, self._special_ids_arr[cols]] = True
         return np.packbits(allowed, axis=1, bitorder="little").view("<i4").astype(np.int32, copy=False)
@@ -516,11 +578,11 @@ class TokenState:
                 self._finished = True
                 return
             self._violation(t, "EOS in a non-accepting state")
-        if cls is not None or t in idx._non_byte:
-            self._violation(t, "special token not allowed here")
+        if t in idx._non_byte:
+            self._violation(t, "a special token that the grammar does not allow here")
         data = idx._vocab.token_bytes[t]
         if not data:
-            self._violation(t, "empty token")
+            self._violation(t, "a token without bytes (an unused slot)")
         tr, cl = idx._tr_list, idx._cls_list
         for b in data:
             s = tr[s][cl[b]]

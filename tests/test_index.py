@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import random
 import threading
@@ -15,35 +14,17 @@ from hypothesis import strategies as st
 from constrain import automaton as fa
 from constrain.errors import InternalError, MaskViolation
 from constrain.index import IndexCache, TokenIndex, TokenState
+from constrain.vocabulary import Vocabulary
 
-try:
-    from constrain.vocabulary import Vocabulary
-except ImportError:  # the vocabulary module lands separately; a stand-in with the same attributes until then
-    Vocabulary = None
-
-
-class _StandInVocabulary:
-    def __init__(self, token_bytes, special_ids, eos_ids, vocab_size):
-        self.token_bytes = tuple(token_bytes)
-        self.special_ids = frozenset(special_ids)
-        self.eos_ids = tuple(eos_ids)
-        self.n_tokens = len(self.token_bytes)
-        self.vocab_size = vocab_size if vocab_size is not None else self.n_tokens
-        h = hashlib.sha256(repr((self.token_bytes, sorted(self.special_ids), self.eos_ids, self.vocab_size)).encode())
-        self.fingerprint = h.hexdigest()
 
 
 def make_vocab(token_bytes, *, special_ids=(), eos_ids=(), vocab_size=None):
-    if Vocabulary is not None:
-        return Vocabulary.from_token_bytes(
-            list(token_bytes), special_ids=special_ids, eos_ids=eos_ids, vocab_size=vocab_size
-        )
-    return _StandInVocabulary(token_bytes, special_ids, eos_ids, vocab_size)
+    return Vocabulary.from_token_bytes(token_bytes, special_ids=special_ids, eos_ids=eos_ids, vocab_size=vocab_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Synthetic vocabulary: 256 single bytes, random multi-byte tokens (JSON-ish ASCII, UTF-8 pieces), duplicates, an empty
-# token, special tokens, EOS, and padding ids beyond n_tokens (vocab_size not a multiple of 32).
+# empty token (an unused slot), special tokens, EOS, and padding ids beyond n_tokens (vocab_size not a multiple of 32).
 
 _ALPHABET = b'{}[]":,.-+eE0123456789 abcnulltrufs\\\n\t/'
 _UTF8 = ["é", "ü", "中", "文", "😀", "Ω"]
@@ -68,8 +49,8 @@ def _synthetic_token_bytes(seed: int = 0) -> list[bytes]:
             seen.add(data)
             tokens.append(data)
     tokens += [b'"a', b"12", b'"a']  # duplicate byte strings (ids 900..902)
-    tokens.append(b"")  # 903: empty, never allowed
-    tokens += [b"<|eos|>", b"<tool>", b"</tool>", b"<unused>"]  # 904..907: special
+    tokens.append(b"")  # 903: an unused slot, never allowed
+    tokens += [b"<|eos|>", b"<tool>", b"</tool>", b"<unused>"]  # 904..907: special, their text is never walked
     return tokens
 
 
@@ -81,9 +62,8 @@ SYN_VOCAB_SIZE = len(SYN_TOKENS) + 37
 
 @pytest.fixture(scope="module")
 def vocab():
-    return make_vocab(
-        SYN_TOKENS, special_ids=(EOS, TOOL_OPEN, TOOL_CLOSE, UNUSED), eos_ids=(EOS,), vocab_size=SYN_VOCAB_SIZE
-    )
+    specials = (EOS, TOOL_OPEN, TOOL_CLOSE, UNUSED)
+    return make_vocab(SYN_TOKENS, special_ids=specials, eos_ids=(EOS,), vocab_size=SYN_VOCAB_SIZE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -104,7 +84,7 @@ def oracle_allowed(dfa, vocab, state: int) -> set[int]:
         if s >= 0:
             allowed.add(t)
     if dfa.accepting[state]:
-        allowed.update(t for t in vocab.eos_ids if t < vocab.n_tokens)
+        allowed.update(vocab.eos_ids)
     for i, t in enumerate(dfa.specials):
         if dfa.transitions[state, dfa.class_of[256 + i]] >= 0:
             allowed.add(t)
@@ -189,7 +169,7 @@ def test_eos_padding_and_specials(dfa, vocab):
         allowed = unpack(index.mask_for_state(s))
         assert (EOS in allowed) == bool(dfa.accepting[s])
         assert not any(t >= vocab.n_tokens for t in allowed)
-        assert UNUSED not in allowed and 903 not in allowed  # unnamed special, empty token
+        assert UNUSED not in allowed and 903 not in allowed  # unnamed special, unused slot
         for t in (TOOL_OPEN, TOOL_CLOSE):
             if t not in dfa.specials:
                 assert t not in allowed
@@ -454,7 +434,7 @@ def test_real_vocabulary_matches_oracle(request, name):
     n_byte_tokens_allowed_in_string = 0
     for s in states:
         allowed = unpack(index.mask_for_state(s))
-        special = set(vocab.special_ids) | set(vocab.eos_ids)
+        special = vocab.special_ids | set(vocab.eos_ids)
         # Every allowed byte token walks; a random sample of all tokens agrees both ways.
         for t in allowed - special:
             assert dfa.step(s, vocab.token_bytes[t]) >= 0
