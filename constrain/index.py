@@ -13,8 +13,6 @@ from constrain.errors import InternalError, MaskViolation
 
 __all__ = ["TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_build"]
 
-# Eager builds walk several states at once; a batch's boolean scratch is capped at this many bytes.
-_EAGER_BATCH_BYTES = 16 << 20
 # Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
 _DENSE_RATIO = 4
 
@@ -74,10 +72,13 @@ def _byte_token_ids(vocab: Any) -> list[int]:
 
 
 def _build_trie(vocab: Any) -> _Trie:
-    ids = _byte_token_ids(vocab)
     token_bytes = vocab.token_bytes
-    uniq = sorted({token_bytes[t] for t in ids})
-    uniq_index = {data: i for i, data in enumerate(uniq)}
+    ids = sorted(_byte_token_ids(vocab), key=token_bytes.__getitem__)  # stable: equal bytes keep id order
+    spelled = [token_bytes[t] for t in ids]
+    # Tokens with identical bytes share one trie path (and so one end node).
+    first = [True] + [a != b for a, b in zip(spelled, spelled[1:])]
+    uniq = [data for data, f in zip(spelled, first) if f]
+    uniq_of_sorted = np.cumsum(np.asarray(first, dtype=np.intp)) - 1
     n = len(uniq)
     lens = np.fromiter((len(u) for u in uniq), dtype=np.intp, count=n)
     flat = np.frombuffer(b"".join(uniq), dtype=np.uint8)
@@ -124,7 +125,7 @@ def _build_trie(vocab: Any) -> _Trie:
         depth_base += n_here
 
     token_arr = np.asarray(ids, dtype=np.intp)
-    token_node = end_node[np.fromiter((uniq_index[token_bytes[t]] for t in ids), dtype=np.intp, count=len(ids))]
+    token_node = end_node[uniq_of_sorted] if n else np.zeros(0, np.intp)
     order = np.argsort(token_node, kind="stable")
     term_tokens = token_arr[order]
     term_count = np.bincount(token_node, minlength=n_nodes).astype(np.intp)
@@ -341,7 +342,7 @@ class TokenIndex:
         row = row_of[state]
         if row >= 0:
             return row
-        mask = self._compute_masks(np.asarray([state], dtype=np.intp))[0]
+        mask = self._compute_mask(state)
         with self._lock:
             if row_of[state] < 0:
                 row_of[state] = self._insert_row(mask)
@@ -389,18 +390,17 @@ class TokenIndex:
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
 
     def _fill_all(self) -> None:
-        pending = np.asarray([s for s in range(self._n_states) if self._row_of[s] < 0], dtype=np.intp)
-        batch = max(1, min(256, _EAGER_BATCH_BYTES // (self._n_words * 32)))
-        for lo in range(0, pending.shape[0], batch):
-            states = pending[lo : lo + batch]
-            masks = self._compute_masks(states)
-            with self._lock:
-                for s, mask in zip(states.tolist(), masks):
+        # One state at a time: a 2-D walk over several states was measured slower (bench_index.py), because one
+        # string-content state in a batch forces the dense walk on the structural states beside it.
+        for s in range(self._n_states):
+            if self._row_of[s] < 0:
+                mask = self._compute_mask(s)
+                with self._lock:
                     if self._row_of[s] < 0:
                         self._row_of[s] = self._insert_row(mask)
 
-    def _compute_masks(self, states: np.ndarray) -> np.ndarray:
-        """Packed masks (int32 [len(states), n_words]) by walking the trie from every state at once, depth by depth.
+    def _compute_mask(self, state: int) -> np.ndarray:
+        """The packed mask (int32 [n_words]) of one state, by walking the trie depth by depth.
 
         A depth is walked densely (every node: two gathers each) while many nodes stay alive, and sparsely (only the
         children of live nodes, a ragged expansion) once few do; a state where few first bytes survive therefore
@@ -409,13 +409,10 @@ class TokenIndex:
         trie = self._trie
         tflat, n_classes = self._tflat, self._n_classes
         ds = trie.depth_start
-        k = int(states.shape[0])
-        # depth 1 is always dense: at most 256 nodes per state
-        full = tflat[(states.astype(self._dtype) * n_classes)[:, None] + self._cls_by_depth[0][None, :]]
-        node = src = st = None
+        full = tflat[state * n_classes + self._cls_by_depth[0]] if trie.max_depth else None
+        node = st = None
         dense_alive: list[tuple[int, np.ndarray]] = []
         sparse_nodes: list[np.ndarray] = []
-        sparse_src: list[np.ndarray] = []
         n_alive = 0
         for d in range(trie.max_depth):
             n_here = ds[d + 1] - ds[d]
@@ -427,26 +424,25 @@ class TokenIndex:
             else:
                 m = int(node.shape[0])
                 sparse_nodes.append(node)
-                sparse_src.append(src)
             n_alive += m
             if m == 0 or d + 1 == trie.max_depth:
                 break
             # Dense costs ~3 passes over every node of the next depth; sparse ~10 passes over live children only.
-            if m * _DENSE_RATIO >= k * n_here:
+            if m * _DENSE_RATIO >= n_here:
                 if full is None:
-                    full = np.full((k, n_here), -1, dtype=self._dtype)
-                    full[src, node - ds[d]] = st
-                full = tflat[full[:, self._parent_by_depth[d + 1]] * n_classes + self._cls_by_depth[d + 1][None, :]]
+                    full = np.full(n_here, -1, dtype=self._dtype)
+                    full[node - ds[d]] = st
+                full = tflat[full[self._parent_by_depth[d + 1]] * n_classes + self._cls_by_depth[d + 1]]
                 continue
             if full is not None:
-                src, local = np.nonzero(ok)
-                st = full[src, local]
+                local = np.flatnonzero(ok)
+                st = full[local]
                 node = local + ds[d]
                 full = None
             cnt = trie.child_count[node]
             has = cnt > 0
             if not has.all():
-                node, src, st, cnt = node[has], src[has], st[has], cnt[has]
+                node, st, cnt = node[has], st[has], cnt[has]
             if not node.shape[0]:
                 break
             ends = np.cumsum(cnt)
@@ -454,37 +450,31 @@ class TokenIndex:
             child = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.child_start[node] - (ends - cnt), cnt)
             nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
             keep = nxt >= 0
-            node, st, src = child[keep], nxt[keep], np.repeat(src, cnt)[keep]
+            node, st = child[keep], nxt[keep]
 
-        allowed = np.zeros((k, self._n_words * 32), dtype=bool)
-        if n_alive * _DENSE_RATIO >= trie.term_tokens.shape[0] * k:
-            alive = np.zeros((k, trie.n_nodes), dtype=bool)
+        allowed = np.zeros(self._n_words * 32, dtype=bool)
+        if n_alive * _DENSE_RATIO >= trie.term_tokens.shape[0]:
+            alive = np.zeros(trie.n_nodes, dtype=bool)
             for d, ok in dense_alive:
-                alive[:, ds[d] : ds[d + 1]] = ok
-            for nodes, srcs in zip(sparse_nodes, sparse_src):
-                alive[srcs, nodes] = True
-            allowed[:, trie.term_tokens] = alive[:, trie.term_node]
+                alive[ds[d] : ds[d + 1]] = ok
+            for nodes in sparse_nodes:
+                alive[nodes] = True
+            allowed[trie.term_tokens] = alive[trie.term_node]
         elif n_alive:
-            for d, ok in dense_alive:
-                srcs, local = np.nonzero(ok)
-                sparse_nodes.append(local + ds[d])
-                sparse_src.append(srcs)
-            nodes = np.concatenate(sparse_nodes)
-            srcs = np.concatenate(sparse_src)
+            nodes = np.concatenate(sparse_nodes + [np.flatnonzero(ok) + ds[d] for d, ok in dense_alive])
             tc = trie.term_count[nodes]
             has = tc > 0
-            nodes, srcs, tc = nodes[has], srcs[has], tc[has]
+            nodes, tc = nodes[has], tc[has]
             if nodes.shape[0]:
                 ends = np.cumsum(tc)
                 pos = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.term_start[nodes] - (ends - tc), tc)
-                allowed[np.repeat(srcs, tc), trie.term_tokens[pos]] = True
-        if self._eos:
-            allowed[np.ix_(self._accepting[states], self._eos_arr)] = True
+                allowed[trie.term_tokens[pos]] = True
+        if self._eos and self._accepting[state]:
+            allowed[self._eos_arr] = True
         if self._special_ids_arr.shape[0]:
-            live = self._tflat[states[:, None] * n_classes + self._special_cls_arr[None, :]] >= 0
-            rows, cols = np.nonzero(live)
-            allowed[rows, self._special_ids_arr[cols]] = True
-        return np.packbits(allowed, axis=1, bitorder="little").view("<i4").astype(np.int32, copy=False)
+            live = tflat[state * n_classes + self._special_cls_arr] >= 0
+            allowed[self._special_ids_arr[live]] = True
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
 
 # --------------------------------------------------------------------------------------------------------------------
