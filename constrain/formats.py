@@ -218,9 +218,9 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
         also takes signs, decimals, exponents, gaps such as `P1Y2D`, `P1WT1H`.
       - email: RFC 5321 `Mailbox` (dot-atom or quoted local part; LDH domain, `[IPv4]` or `[IPv6:...]`),
         no general address literals; the checker takes any string containing `@`.
-      - hostname: ASCII LDH labels, total 1-63 bytes (the checker allows 253: exact costs ~24k states), no trailing dot, no label with `--` at positions 3-4
-        (so no `xn--` A-labels: their Punycode validity is not checked here); the checker also takes a trailing
-        dot, a trailing newline, Unicode digits and case-folded letters (Kelvin sign).
+      - hostname: ASCII LDH labels, 1-63 bytes in all (the checker allows 253, which costs ~24k states), no
+        trailing dot, no label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not
+        checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
       - uri: RFC 3986 `URI` (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
     The caller adds JSON quoting and escaping.

@@ -62,7 +62,9 @@ def _digit_dfa(start: Hashable, step: Callable[[Hashable, int], Hashable | None]
         return fa.NOTHING
     class_of = np.full(256, 10, dtype=np.int32)
     class_of[0x30:0x3A] = np.arange(10, dtype=np.int32)
-    return fa.Dfa(np.array(rows, dtype=np.int32), accept, class_of, (), 0)
+    raw = fa.Dfa(np.array(rows, dtype=np.int32), accept, class_of, (), 0)
+    # `raw` may hold dead or equivalent states; the product trims and minimises it, as every `Dfa` must be.
+    return fa.compile(fa.intersect(raw, fa.repeat(_DIGIT, 0)))
 
 
 def _fixed_between(lo: str, hi: str) -> fa.Expr:
@@ -238,7 +240,7 @@ def _written(x: int | float) -> Fraction:
     return Fraction(Decimal(repr(x))) if isinstance(x, float) else Fraction(x)
 
 
-def _collect(lower: bool, inclusive, exclusive, pointer: str, names: tuple[str, str]) -> list[tuple[int | float, bool]]:
+def _collect(inclusive, exclusive, pointer: str, names: tuple[str, str]) -> list[tuple[int | float, bool]]:
     bounds = []
     for value, strict, name in ((inclusive, False, names[0]), (exclusive, True, names[1])):
         if value is not None:
@@ -343,8 +345,8 @@ def integer_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusiv
         InvalidSchema: a keyword is not a finite number, or multiple_of <= 0.
         UnsupportedSchema: the numerator of multiple_of exceeds MAX_MULTIPLE_OF.
     """
-    lows = _collect(True, minimum, exclusive_minimum, pointer, ("minimum", "exclusiveMinimum"))
-    highs = _collect(False, maximum, exclusive_maximum, pointer, ("maximum", "exclusiveMaximum"))
+    lows = _collect(minimum, exclusive_minimum, pointer, ("minimum", "exclusiveMinimum"))
+    highs = _collect(maximum, exclusive_maximum, pointer, ("maximum", "exclusiveMaximum"))
     k = _multiple_of(multiple_of, pointer)
     modulus = _integer_multiples(k.numerator, pointer) if k is not None else None
     lo, hi = _integer_limits(lows, highs)
@@ -378,8 +380,8 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
         InvalidSchema: a keyword is not a finite number, or multiple_of <= 0.
         UnsupportedSchema: multiple_of is neither integral (<= MAX_MULTIPLE_OF) nor a power of ten below one.
     """
-    lows = _collect(True, minimum, exclusive_minimum, pointer, ("minimum", "exclusiveMinimum"))
-    highs = _collect(False, maximum, exclusive_maximum, pointer, ("maximum", "exclusiveMaximum"))
+    lows = _collect(minimum, exclusive_minimum, pointer, ("minimum", "exclusiveMinimum"))
+    highs = _collect(maximum, exclusive_maximum, pointer, ("maximum", "exclusiveMaximum"))
     k = _multiple_of(multiple_of, pointer)
     if k is None and not lows and not highs:
         return JSON_NUMBER

@@ -9,7 +9,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
@@ -165,7 +165,7 @@ def test_number_multiple_of_is_exact(bounds, k, texts):
         )
         ours = dfa.matches(text.encode())
         if ours:
-            assert expected and oracle_valid(text, {"type": "number", **{key: v for key, v in bounds.items()}}), (text, k, bounds)
+            assert expected and oracle_valid(text, {"type": "number", **bounds}), (text, k, bounds)
         elif expected:
             assert "." in text and near_exclusive_bound(text, bounds), (text, k, bounds)
 
