@@ -250,7 +250,7 @@ class _Parser:
         return bounds
 
     def atom_escape(self) -> tuple:
-        start, c = self.pos, self.peek(1)
+        c = self.peek(1)
         if c in ("d", "D", "s", "S", "w", "W", "p", "P"):
             return ("set", self.class_escape())
         if c in "123456789" and c:
@@ -258,7 +258,6 @@ class _Parser:
         if c == "k":
             raise self.unsupported("named backreference \\k")
         cp = self.char_escape(in_class=False)
-        assert self.pos > start
         return ("set", ((cp, cp),))
 
     def class_escape(self) -> _Ranges:
@@ -426,7 +425,7 @@ def _const(lang: _Lang) -> _Piece:
 class _Builder:
     def __init__(self, parser: _Parser):
         self.parser = parser
-        self.nonempty: dict[int, fa.Expr] = {}
+        self.nonempty: dict[int, tuple[fa.Expr, fa.Expr]] = {}
         self.anchor_memo: dict[int, tuple[bool, bool]] = {}
 
     def ne(self, lang: _Lang) -> fa.Expr:
