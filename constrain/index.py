@@ -266,8 +266,10 @@ class TokenIndex:
         self._special_cls = {t: int(class_of[256 + i]) for i, t in enumerate(specials)}
         self._special_ids_arr = np.asarray(list(self._special_cls), dtype=np.intp)
         self._special_cls_arr = np.asarray(list(self._special_cls.values()), dtype=np.intp)
-        # Plain Python copies for the per-token cursor: list indexing beats numpy scalar access by ~10x.
-        self._tr_list: list[list[int]] = transitions.tolist()
+        # Per-state memoryview rows for the cursor: indexing one gives a Python int ~10x faster than numpy scalar
+        # access, nearly as fast as nested lists, and costs ~0.2 kB per state instead of ~30 bytes per transition.
+        flat_view = memoryview(self._tflat)
+        self._tr_list = [flat_view[i * n_classes : (i + 1) * n_classes] for i in range(n_states)]
         self._cls_list: list[int] = class_of[:256].tolist()
         self._acc_list: list[bool] = self._accepting.tolist()
         self._eos_set = frozenset(self._eos)
@@ -367,8 +369,7 @@ class TokenIndex:
         with self._lock:
             rows = len(self._rows) * self._n_words * 4
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
-        # Transitions are held twice (numpy for masks, nested lists for advance).
-        per_dfa = 2 * int(self._tflat.nbytes) + int(self._node_cls.nbytes) + 8 * len(self._row_of)
+        per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self._node_cls.nbytes) + 8 * len(self._row_of)
         return rows + table + per_dfa
 
     # ---- mask computation

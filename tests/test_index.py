@@ -426,7 +426,7 @@ def test_real_vocabulary_matches_oracle(request, name):
     dfa = fa.compile(COMPILED["json_object"])
     index = TokenIndex(dfa, vocab)
     rng = random.Random(1)
-    sample = rng.sample(range(vocab.n_tokens), min(3000, vocab.n_tokens))
+    sample = rng.sample(range(vocab.n_tokens), min(20_000, vocab.n_tokens))
     # States: start, after `{`, inside a string, after a key's closing quote and colon, in digits.
     states = {dfa.start}
     for prefix in (b"{", b'{"', b'{"ab', b'{"ab":', b'{"ab":12', b'{"ab":"x'):
