@@ -232,18 +232,28 @@ class Vocabulary:
 
     @classmethod
     def from_gguf(
-        cls, path: str | os.PathLike[str], *, eos_ids: Iterable[int] | None = None, vocab_size: int | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        eos_ids: Iterable[int] | None = None,
+        vocab_size: int | None = None,
+        added_tokens: Mapping[int, str] | None = None,
     ) -> Vocabulary:
         """Read the vocabulary stored in a GGUF file (full model or vocab-only), as llama.cpp decodes it.
 
-        Token types follow llama.cpp: control → special; user-defined → its text as is; byte → `<0xNN>`'s byte;
-        unknown and unused → `b""`. `tokenizer.ggml.model` "gpt2" is byte-level BPE; "llama" and "gemma4" use
-        `▁` pieces (`add_space_prefix` gives `prefix_space`, default true for "llama").
+        Token types: control, user-defined, unknown and unused → special with their text as bytes (user-defined
+        tokens such as Gemma 4's `<|tool_call>` and `<|"|>` are single marker tokens that ordinary text never
+        spells; a grammar names them by id); byte → `<0xNN>`'s byte; normal → the piece's bytes.
+        `tokenizer.ggml.model` "gpt2" is byte-level BPE; "llama" and "gemma4" use `▁` pieces (`add_space_prefix`
+        gives `prefix_space`, default true for "llama").
 
         Args:
             path: the .gguf file.
-            eos_ids: default `tokenizer.ggml.eos_token_id` plus the eot/eom ids when the file has them.
+            eos_ids: default `tokenizer.ggml.eos_token_id` plus the eot/eom ids when the file has them, plus every
+                special token whose text ends generation in llama.cpp (`<|eot_id|>`, `<|im_end|>`, `<turn|>`, ...).
             vocab_size: the logits width when larger than the token count.
+            added_tokens: id → text overlaid as special tokens (a newer model's added tokens over an older
+                vocabulary's placeholders, see `qwen3_vocabulary`); each id must be below the token count.
         Returns:
             The Vocabulary.
         Raises:
@@ -266,23 +276,48 @@ class Vocabulary:
         tokens: list[bytes] = []
         specials: set[int] = set()
         for i, (piece, ty) in enumerate(zip(pieces, types)):
-            if ty == 3:  # control
+            if ty in (2, 3, 4, 5):  # unknown, control, user-defined, unused: never spelled by ordinary text
                 specials.add(i)
                 tokens.append(piece.encode("utf-8"))
-            elif ty in (2, 5):  # unknown, unused
-                tokens.append(b"")
             elif ty == 6:  # byte
                 tokens.append(_byte_piece(piece, i))
-            elif ty == 4:  # user-defined: llama.cpp copies the text verbatim
-                tokens.append(piece.encode("utf-8"))
             elif ty == 1:  # normal
                 tokens.append(decode_piece(piece))
             else:
                 raise TokenizerError(f"token {i} {piece!r} has GGUF token type {ty}: expected 1 to 6")
+        for i, text in (added_tokens or {}).items():
+            if not 0 <= int(i) < len(tokens):
+                raise TokenizerError(f"added token {i} {text!r} is outside [0, {len(tokens)})")
+            tokens[int(i)] = str(text).encode("utf-8")
+            specials.add(int(i))
         if eos_ids is None:
             keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-            eos_ids = [fields[k] for k in keys if k in fields]
+            eos_ids = [fields[k] for k in keys if k in fields] + _eog_ids(tokens, specials)
         return cls._from_read((tokens, specials, prefix), eos_ids, vocab_size, name)
+
+    @classmethod
+    def from_mistral(
+        cls, path: str | os.PathLike[str], *, eos_ids: Iterable[int] | None = None, vocab_size: int | None = None
+    ) -> Vocabulary:
+        """Read a mistral-common tokenizer file: Tekken (`tekken*.json`) or SentencePiece (`*.model*`).
+
+        Loaded with mistral-common's own `MistralTokenizer.from_file`, then read as in `from_tokenizer`: Tekken's
+        first `num_special_tokens` ids are special, the others are their raw bytes (`id_to_byte_piece`);
+        SentencePiece control pieces are special and byte pieces are their byte.
+
+        Args:
+            path: the tokenizer file.
+            eos_ids: default the tokenizer's `eos_id`.
+            vocab_size: the logits width when larger than the token count.
+        Raises:
+            FileNotFoundError: no such file. TokenizerError: see `from_tokenizer`.
+        """
+        from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+        name = os.fspath(path)
+        if not os.path.isfile(name):
+            raise FileNotFoundError(f"no mistral-common tokenizer file at {name}")
+        return cls.from_tokenizer(MistralTokenizer.from_file(name), eos_ids=eos_ids, vocab_size=vocab_size)
 
     @classmethod
     def _from_read(cls, read: tuple[list[bytes], set[int], bool], eos_ids: Iterable[int], vocab_size: int | None,
@@ -351,6 +386,57 @@ def _read_gguf_metadata(name: str) -> dict[str, Any]:
         return fields
     except (struct.error, UnicodeDecodeError) as err:
         raise TokenizerError(f"{name!r}: truncated or malformed GGUF metadata: {err}") from err
+
+
+# ----- end of generation, Qwen3's added tokens
+
+# Texts of special tokens that end generation besides the declared EOS: the same policy as llama.cpp's EOG list
+# (src/llama-vocab.cpp, `special_eog_ids`), so masks stop where engines stop (Llama 3's `<|eot_id|>`, Gemma 4's
+# `<turn|>` and `<|tool_response>`). Only tokens that are already special are matched.
+_EOG_TEXTS = frozenset({
+    "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<|return|>",
+    "<|call|>", "<end_of_turn>", "</s>", "<EOT>", "[EOS]", "[EOT]", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+})
+
+
+def _eog_ids(tokens: Sequence[bytes], specials: Iterable[int]) -> list[int]:
+    return [i for i in sorted(specials) if tokens[i].decode("utf-8", errors="replace") in _EOG_TEXTS]
+
+
+# Qwen3's added tokens (tokenizer_config.json `added_tokens_decoder`, ids 151643-151668; see
+# /work/shared/reference/tool-call-formats.md §1). `<tool_call>`, `<think>` etc. have `"special": false` there but
+# are single added tokens: they are special here, so only a grammar that names them by id produces them.
+QWEN3_ADDED_TOKENS: Mapping[int, str] = MappingProxyType({
+    151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151646: "<|object_ref_start|>",
+    151647: "<|object_ref_end|>", 151648: "<|box_start|>", 151649: "<|box_end|>", 151650: "<|quad_start|>",
+    151651: "<|quad_end|>", 151652: "<|vision_start|>", 151653: "<|vision_end|>", 151654: "<|vision_pad|>",
+    151655: "<|image_pad|>", 151656: "<|video_pad|>", 151657: "<tool_call>", 151658: "</tool_call>",
+    151659: "<|fim_prefix|>", 151660: "<|fim_middle|>", 151661: "<|fim_suffix|>", 151662: "<|fim_pad|>",
+    151663: "<|repo_name|>", 151664: "<|file_sep|>", 151665: "<tool_response>", 151666: "</tool_response>",
+    151667: "<think>", 151668: "</think>",
+})
+QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+QWEN3_VOCAB_SIZE = 151936
+
+
+def qwen3_vocabulary(path: str | os.PathLike[str] | None = None) -> Vocabulary:
+    """Qwen3's vocabulary: a GGUF with Qwen's 151k base tokens, with Qwen3's added tokens overlaid as special.
+
+    The qwen2 vocab GGUF holds the same base tokens but placeholder (`[PAD…]`) added tokens from 151646 on.
+    EOS = `<|im_end|>` 151645 and `<|endoftext|>` 151643; vocab_size 151936 (Qwen3's logits width).
+
+    Args:
+        path: the GGUF; default the cached `ggml-vocab-qwen2.gguf` (`python -m constrain.assets fetch`).
+    Raises:
+        FileNotFoundError: the default GGUF is not cached. TokenizerError: see `Vocabulary.from_gguf`.
+    """
+    if path is None:
+        from constrain.assets import gguf_path
+
+        path = gguf_path("qwen2")
+    return Vocabulary.from_gguf(path, eos_ids=QWEN3_EOS_IDS, vocab_size=QWEN3_VOCAB_SIZE,
+                                added_tokens=QWEN3_ADDED_TOKENS)
 
 
 def _rebuild(tokens, special_ids, eos_ids, vocab_size, prefix_space) -> Vocabulary:

@@ -176,11 +176,11 @@ def test_gguf_vocab_facts(gguf_vocabs):
     assert (gpt2.n_tokens, gpt2.eos_ids, gpt2.special_tokens["<|endoftext|>"]) == (50257, (50256,), 50256)
     assert llama3.n_tokens == 128256 and "<|eot_id|>" in llama3.special_tokens and not llama3.prefix_space
     assert {"<|im_start|>", "<|im_end|>"} <= set(qwen.special_tokens) and qwen.n_tokens == 151936
-    assert spm.prefix_space and spm.token_bytes[0] == b"" and spm.token_bytes[3 + 0x0A] == b"\n"
-    assert spm.special_tokens == {"<s>": 1, "</s>": 2} and spm.eos_ids == (2,)
-    # Gemma 4's tool-call markers are user-defined tokens: llama.cpp emits their text, they are not control tokens.
-    tool_call = gemma.token_bytes.index(b"<|tool_call>")
-    assert tool_call not in gemma.special_ids and not gemma.prefix_space
+    assert spm.prefix_space and 0 in spm.special_ids and spm.token_bytes[3 + 0x0A] == b"\n"
+    assert spm.special_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2} and spm.eos_ids == (2,)
+    # Gemma 4's tool-call markers are user-defined tokens: single markers that a grammar names by id, so special.
+    assert {gemma.special_tokens[t] for t in ("<|tool_call>", "<tool_call|>", '<|"|>')} == {48, 49, 52}
+    assert {48, 49, 52} <= gemma.special_ids and not gemma.prefix_space
     for vocab in gguf_vocabs.values():
         assert all(type(data) is bytes for data in vocab.token_bytes)
 
