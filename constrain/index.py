@@ -1,4 +1,4 @@
-"""Token index: a byte DFA × a vocabulary → one packed int32 token mask per DFA state, plus the per-sequence cursor."""
+"""Token index: a byte DFA × a vocabulary → one packed int32 token mask per DFA state; a cursor per sequence."""
 
 from __future__ import annotations
 
@@ -327,8 +327,10 @@ class TokenIndex:
     def mask_for_state(self, state: int) -> np.ndarray:
         """The packed mask of DFA state `state` (read-only int32 [n_words]); computes and caches it on first use.
 
+        `state == dfa.n_states` gives the finished pseudo-state's mask (EOS ids only).
+
         Raises:
-            InternalError: `state` is not a state of the DFA.
+            InternalError: `state` is outside `0 ..= dfa.n_states`.
         """
         return self._rows[self.row_for_state(state)]
 
@@ -339,7 +341,7 @@ class TokenIndex:
             InternalError: `state` is outside `0 ..= dfa.n_states`.
         """
         row_of = self._row_of
-        if not 0 <= state < len(row_of):
+        if not 0 <= state < len(row_of):  # also rejects the dead state -1 instead of wrapping around
             raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
         row = row_of[state]
         if row >= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import random
 import threading
@@ -335,9 +336,24 @@ def test_dfa_naming_a_non_special_token_is_rejected(vocab):
 
 
 def test_bad_state_raises(vocab):
-    index = TokenIndex(hand_made_dfa(), vocab)
+    dfa = hand_made_dfa()
+    index = TokenIndex(dfa, vocab)
+    for state in (-1, dfa.n_states + 1, 99):
+        with pytest.raises(InternalError):
+            index.mask_for_state(state)
+    assert unpack(index.mask_for_state(dfa.n_states)) == {EOS}  # the finished pseudo-state
+
+
+def test_empty_language_is_rejected(vocab):
     with pytest.raises(InternalError):
-        index.mask_for_state(99)
+        TokenIndex(fa.compile(fa.NOTHING), vocab)
+
+
+def test_copy_is_a_fork(vocab):
+    cursor = TokenIndex(hand_made_dfa(), vocab).start()
+    twin = copy.copy(cursor)
+    cursor.advance(ord("a"))
+    assert twin.dfa_state == 0 and cursor.dfa_state == 1
 
 
 def test_pickle_round_trip(vocab):
@@ -447,3 +463,28 @@ def test_real_vocabulary_matches_oracle(request, name):
         if s == dfa.step(dfa.start, b'{"ab'):
             n_byte_tokens_allowed_in_string = len(allowed)
     assert n_byte_tokens_allowed_in_string > vocab.n_tokens // 2
+
+
+def test_qwen3_tool_call_special_tokens(qwen3_vocab):
+    vocab = qwen3_vocab
+    tool_open, tool_close = vocab.special_tokens["<tool_call>"], vocab.special_tokens["</tool_call>"]
+    dfa = fa.compile(
+        fa.concat(fa.special(tool_open), fa.literal(b'\n{"a": '), fa.repeat(_DIGITS, 1), fa.literal(b"}\n"),
+                  fa.special(tool_close))
+    )
+    index = TokenIndex(dfa, vocab)
+    cursor = index.start()
+    assert cursor.allowed_token_ids().tolist() == [tool_open]
+    cursor.advance(tool_open)
+    text = b'\n{"a": 42}\n'
+    while text:  # greedy longest allowed token, as a tokenizer might split it
+        allowed = cursor.allowed_token_ids().tolist()
+        fits = [t for t in allowed if text.startswith(vocab.token_bytes[t])]
+        best = max(fits, key=lambda t: len(vocab.token_bytes[t]))
+        cursor.advance(best)
+        text = text[len(vocab.token_bytes[best]) :]
+    assert cursor.allowed_token_ids().tolist() == [tool_close]
+    with pytest.raises(MaskViolation):
+        cursor.fork().advance(vocab.special_tokens["<|im_end|>"])
+    cursor.advance(tool_close)
+    assert set(cursor.allowed_token_ids().tolist()) == set(vocab.eos_ids)
