@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -17,6 +18,16 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# The vocabularies the tests rely on, pinned: a changed file would silently change every real-tokenizer test.
+PINNED_GGUF_SHA256 = {
+    "llama-bpe": "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+    "qwen2": "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+    "gemma-4": "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65",
+    "gpt-2": "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+    "phi-3": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
+    "llama-spm": "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+}
 _FETCH_HINT = "run `python -m constrain.assets fetch` to fill the asset cache"
 
 # Members of the sdist we keep, relative to its `vendor/llama.cpp/models/` folder.
@@ -30,6 +41,14 @@ def cache_dir() -> Path:
     """The asset cache: `$CONSTRAIN_ASSETS` if set, else `~/.cache/constrain/assets` (not created here)."""
     env = os.environ.get("CONSTRAIN_ASSETS")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "constrain" / "assets"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _existing(path: Path, what: str) -> Path:
@@ -122,7 +141,8 @@ def fetch(*, force: bool = False, log=print) -> Path:
     root = cache_dir()
     gguf_dir, tmpl_dir = root / "gguf", root / "templates"
     marker = root / f".fetched-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
-    if marker.is_file() and not force:
+    complete = marker.is_file() and all((gguf_dir / f"ggml-vocab-{n}.gguf").is_file() for n in PINNED_GGUF_SHA256)
+    if complete and not force:
         log(f"asset cache {root} is complete (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}); nothing to do")
         return root
     gguf_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +157,8 @@ def fetch(*, force: bool = False, log=print) -> Path:
         sdist = Path(tmp) / _SDIST_NAME
         if done.returncode != 0 or not sdist.is_file():
             raise RuntimeError(f"pip download failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if (got := _sha256(sdist)) != _SDIST_SHA256:
+            raise RuntimeError(f"{_SDIST_NAME} has sha256 {got}, expected {_SDIST_SHA256}")
         counts = {"gguf": 0, "templates": 0}
         with tarfile.open(sdist, "r:gz") as tar:
             for member in tar:
@@ -161,8 +183,9 @@ def fetch(*, force: bool = False, log=print) -> Path:
     n_tmpl = len(list(tmpl_dir.glob("*.jinja")))
     if n_vocab == 0 or n_tmpl == 0:
         raise RuntimeError(f"the sdist gave {n_vocab} vocab GGUFs and {n_tmpl} templates; expected some of each")
-    for name in ("llama-bpe", "qwen2", "gemma-4", "gpt-2", "phi-3", "llama-spm"):
-        gguf_path(name)  # the vocabularies the tests rely on must be there and non-empty
+    for name, want in PINNED_GGUF_SHA256.items():
+        if (got := _sha256(gguf_path(name))) != want:
+            raise RuntimeError(f"ggml-vocab-{name}.gguf has sha256 {got}, expected {want}")
     marker.write_text(f"{n_vocab} gguf, {n_tmpl} templates\n")
     log(f"extracted {counts['gguf']} GGUF files ({n_vocab} vocabularies) into {gguf_dir}")
     log(f"extracted {counts['templates']} chat templates into {tmpl_dir}")

@@ -189,12 +189,17 @@ class Vocabulary:
 
         Supported: transformers fast tokenizers and `tokenizers.Tokenizer` (byte-level BPE, or SentencePiece-style
         `▁` pieces with byte fallback), `sentencepiece.SentencePieceProcessor`, `tiktoken.Encoding`, and
-        mistral_common's `MistralTokenizer`, `Tekkenizer` and `SentencePieceTokenizer`.
+        mistral_common's `MistralTokenizer`, `Tekkenizer` and `SentencePieceTokenizer`. The spelling (byte-level or
+        `▁` pieces) is read from the tokenizer's decoder, not guessed from a model name.
+
+        Special: every added token (`"special": false` ones too, e.g. Qwen's `<tool_call>`), SentencePiece control,
+        unknown and unused pieces, tiktoken special tokens, and Tekken's first `num_special_tokens` ids.
 
         Args:
             tokenizer: the tokenizer object.
-            eos_ids: the ids that end generation; default the tokenizer's own eos id. Chat models often stop on
-                another token too (Llama 3's `<|eot_id|>`): pass the full set from the generation config.
+            eos_ids: the ids that end generation; default the tokenizer's own eos id plus every special token whose
+                text ends generation in llama.cpp (`<|eot_id|>`, `<|im_end|>`, ...). For other stop tokens, pass
+                the full set from the generation config.
             vocab_size: the model's logits width when it is larger than the tokenizer (padded embeddings).
         Returns:
             The Vocabulary.
@@ -228,7 +233,9 @@ class Vocabulary:
             default_eos = [inner.eos_id]
         else:
             raise TokenizerError(f"unsupported tokenizer type {type(tokenizer).__module__}.{type(tokenizer).__name__}")
-        return cls._from_read(read, default_eos if eos_ids is None else eos_ids, vocab_size, type(tokenizer).__name__)
+        if eos_ids is None:
+            eos_ids = [*default_eos, *_eog_ids(read[0], read[1])]
+        return cls._from_read(read, eos_ids, vocab_size, type(tokenizer).__name__)
 
     @classmethod
     def from_gguf(
@@ -539,12 +546,13 @@ def _from_hf_json(spec: dict, n_tokens: int) -> tuple[list[bytes], set[int], boo
     specials: set[int] = set()
     for i in range(n):
         entry = added.get(i)
-        if entry is not None and entry["special"]:
+        # Every added token is special, `"special": false` ones too (Qwen's `<tool_call>`, `<think>`): the
+        # tokenizer matches them in plain text before BPE, so they are markers that a grammar names by id.
+        if entry is not None:
             specials.add(i)
             tokens[i] = entry["content"].encode("utf-8")
             continue
-        # A non-special added token goes through the same decoder as the model's pieces (tokenizers does so).
-        piece = entry["content"] if entry is not None else pieces_by_id.get(i)
+        piece = pieces_by_id.get(i)
         if piece is None:
             continue  # a hole in the ids, or <unk>: adds nothing
         if byte_level:
@@ -563,11 +571,9 @@ def _from_sentencepiece(sp: Any) -> tuple[list[bytes], set[int], bool]:
     specials: set[int] = set()
     for i in range(sp.get_piece_size()):
         piece = sp.id_to_piece(i)
-        if sp.is_control(i):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
             specials.add(i)
             tokens.append(piece.encode("utf-8"))
-        elif sp.is_unknown(i) or sp.is_unused(i):
-            tokens.append(b"")
         elif sp.is_byte(i):
             tokens.append(_byte_piece(piece, i))
         else:

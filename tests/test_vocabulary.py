@@ -5,23 +5,22 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 
+from constrain import assets
 from constrain.errors import InternalError
 from constrain.vocabulary import TokenizerError, Vocabulary, _BYTE_OF_CHAR
 
-sys.path.insert(0, str(Path(__file__).parent))
-import assets  # noqa: E402  (tests/ is not a package)
+GGUF_VOCABS = ("gpt-2", "llama-bpe", "qwen2", "llama-spm", "gemma-4")
 
 
-def asset(name: str) -> Path:
-    """A cached asset; missing is a failure under CI and a skip on a developer machine."""
+def asset(find, name: str) -> Path:
+    """A cached asset (`find` is a `constrain.assets` lookup); missing fails under CI and skips elsewhere."""
     try:
-        return assets.asset_path(name)
-    except assets.AssetError as err:
+        return find(name)
+    except FileNotFoundError as err:
         if os.environ.get("CI"):
             pytest.fail(str(err))
         pytest.skip(str(err))
@@ -34,7 +33,7 @@ def expected_bytes(vocab: Vocabulary, text: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def gguf_vocabs() -> dict[str, Vocabulary]:
-    return {name: Vocabulary.from_gguf(asset(f"ggml-vocab-{name}.gguf")) for name in assets.GGUF_VOCABS}
+    return {name: Vocabulary.from_gguf(asset(assets.gguf_path, name)) for name in GGUF_VOCABS}
 
 
 # ----- synthetic: construction, value semantics, decode
@@ -118,8 +117,9 @@ def test_hf_decoders_map_pieces_exactly():
                                             "special": False}])
     vocab = Vocabulary.from_tokenizer(byte_level, eos_ids=[5])
     assert vocab.token_bytes[:3] == (b"a", b" b", "▁c".encode())
-    assert vocab.token_bytes[6] == b"<tool call>" and vocab.special_ids == {5}
-    # The tokenizer's own decoder agrees on each non-special token.
+    # Every added token is special, `"special": false` ones too (like Qwen's `<tool_call>`); its text is kept.
+    assert vocab.token_bytes[6] == b"<tool call>" and vocab.special_ids == {5, 6}
+    # The tokenizer's own decoder agrees on each token.
     for i in (0, 1, 6):
         assert byte_level.decode([i], skip_special_tokens=False).encode() == vocab.token_bytes[i]
 
@@ -154,25 +154,19 @@ def test_gguf_reader_rejects_non_gguf(tmp_path):
         Vocabulary.from_gguf(path)
 
 
-def test_asset_table_is_pinned():
-    members = {name for archive in assets.ARCHIVES for name in archive.members}
-    assert members == set(assets.SHA256)
-    assert all("==" in archive.requirement for archive in assets.ARCHIVES)
-
-
 # ----- real tokenizers (llama.cpp's GGUF vocabularies and test cases, Mistral's files)
 
-@pytest.mark.parametrize("name", assets.GGUF_VOCABS)
+@pytest.mark.parametrize("name", GGUF_VOCABS)
 def test_gguf_ids_from_llama_cpp_decode_to_their_text(gguf_vocabs, name):
     vocab = gguf_vocabs[name]
-    cases = assets.read_gguf_cases(name)
+    cases = assets.gguf_test_cases(name)
     assert len(cases) >= 40
     for text, ids in cases:
         assert vocab.decode(ids) == expected_bytes(vocab, text), text
 
 
 def test_gguf_vocab_facts(gguf_vocabs):
-    gpt2, llama3, qwen, spm, gemma = (gguf_vocabs[n] for n in assets.GGUF_VOCABS)
+    gpt2, llama3, qwen, spm, gemma = (gguf_vocabs[n] for n in GGUF_VOCABS)
     assert (gpt2.n_tokens, gpt2.eos_ids, gpt2.special_tokens["<|endoftext|>"]) == (50257, (50256,), 50256)
     assert llama3.n_tokens == 128256 and "<|eot_id|>" in llama3.special_tokens and not llama3.prefix_space
     assert {"<|im_start|>", "<|im_end|>"} <= set(qwen.special_tokens) and qwen.n_tokens == 151936
@@ -188,7 +182,7 @@ def test_gguf_vocab_facts(gguf_vocabs):
 def test_eos_override_and_padded_vocab_size(gguf_vocabs):
     llama3 = gguf_vocabs["llama-bpe"]
     eot = llama3.special_tokens["<|eot_id|>"]
-    path = asset("ggml-vocab-llama-bpe.gguf")
+    path = asset(assets.gguf_path, "llama-bpe")
     chat = Vocabulary.from_gguf(path, eos_ids=[llama3.eos_ids[0], eot], vocab_size=128320)
     assert chat.eos_ids == tuple(sorted({llama3.eos_ids[0], eot})) and chat.vocab_size == 128320
     assert chat.token_bytes == llama3.token_bytes and chat != llama3
@@ -199,7 +193,7 @@ def hf_tokenizers():
     transformers = pytest.importorskip("transformers")
     out = {}
     for name in ("gpt-2", "llama-spm"):
-        path = asset(f"ggml-vocab-{name}.gguf")
+        path = asset(assets.gguf_path, name)
         out[name] = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return out
 
@@ -223,7 +217,7 @@ def test_transformers_tokenizer_matches_its_own_decoder(hf_tokenizers, gguf_voca
     assert wrong == []
     # On the ids the HF encoder gives llama.cpp's test texts, our bytes equal the HF decoder's output (which drops
     # the dummy prefix space); byte-level BPE encodes losslessly, so there they are the text itself.
-    for text, _ in assets.read_gguf_cases(name):
+    for text, _ in assets.gguf_test_cases(name):
         ids = tok.encode(text, add_special_tokens=False)
         got = vocab.decode(ids)
         assert (got.removeprefix(b" ") if vocab.prefix_space else got) == tok.decode(ids).encode(), text
@@ -251,20 +245,20 @@ def test_tiktoken_encoding_gpt2(gguf_vocabs):
                             special_tokens={"<|endoftext|>": 50256})
     vocab = Vocabulary.from_tokenizer(enc)
     assert vocab == Vocabulary.from_token_bytes(gpt2.token_bytes, special_ids=[50256], eos_ids=[50256])
-    for text, ids in assets.read_gguf_cases("gpt-2"):
+    for text, ids in assets.gguf_test_cases("gpt-2"):
         assert enc.encode_ordinary(text) == ids  # it really is GPT-2's tokenizer
         assert vocab.decode(ids) == text.encode()
 
 
 def test_mistral_sentencepiece_with_byte_fallback():
     sentencepiece = pytest.importorskip("sentencepiece")
-    path = asset("mistral-v3.model")
+    path = asset(assets.mistral_tokenizer_path, "sentencepiece")
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     vocab = Vocabulary.from_tokenizer(sp)
     assert vocab.n_tokens == sp.get_piece_size() and vocab.prefix_space and vocab.eos_ids == (sp.eos_id(),)
     assert {"[INST]", "[TOOL_CALLS]", "</s>"} <= set(vocab.special_tokens)
     assert vocab.token_bytes[sp.piece_to_id("<0xF0>")] == b"\xf0"
-    for text, _ in assets.read_gguf_cases("llama-spm"):
+    for text, _ in assets.gguf_test_cases("llama-spm"):
         ids = sp.encode(text)
         got = vocab.decode(ids)
         # SentencePiece's decoder drops the dummy prefix space; everything else must match.
@@ -278,10 +272,135 @@ def test_mistral_tekken():
     pytest.importorskip("mistral_common")
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-    tek = Tekkenizer.from_file(asset("tekken-240718.json"))
+    tek = Tekkenizer.from_file(asset(assets.mistral_tokenizer_path, "tekken"))
     vocab = Vocabulary.from_tokenizer(tek)
     assert vocab.n_tokens == tek.n_words and vocab.eos_ids == (tek.eos_id,) and not vocab.prefix_space
     assert vocab.special_ids == set(range(tek.num_special_tokens))
     assert "[TOOL_CALLS]" in vocab.special_tokens
-    for text, _ in assets.read_gguf_cases("gpt-2"):
+    for text, _ in assets.gguf_test_cases("gpt-2"):
         assert vocab.decode(tek.encode(text, bos=False, eos=False)) == text.encode(), text
+
+
+# ----- the shared fixtures (tests/conftest.py): round trips, bytes, specials, fingerprints
+
+SAMPLES = [
+    "Hello, world! The quick brown fox.",
+    "café naïve Ångström façade Über",
+    "中文分词测试，日本語のテキスト、한국어",
+    "emoji 🦙🚀👩‍👩‍👧 ok",
+    "def f(x):\n\treturn {'a': [1, 2.5e-3]}  # code\n",
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "q": "a\\"b\\n"}}',
+]
+FIXTURES = ["llama3_vocab", "qwen3_vocab", "gemma4_vocab", "tekken_vocab", "phi3_vocab", "gpt2_vocab"]
+
+
+@pytest.mark.parametrize("fixture", ["llama3_vocab", "qwen3_vocab", "gemma4_vocab", "phi3_vocab", "gpt2_vocab"])
+def test_fixture_decodes_llama_cpp_ids(request, fixture):
+    # llama.cpp's own tokenizer test cases (ASCII, accents, CJK, emoji, code, whitespace runs) for the same file.
+    vocab = request.getfixturevalue(fixture)
+    name = {"llama3_vocab": "llama-bpe", "qwen3_vocab": "qwen2", "gemma4_vocab": "gemma-4", "phi3_vocab": "phi-3",
+            "gpt2_vocab": "gpt-2"}[fixture]
+    for text, ids in assets.gguf_test_cases(name):
+        assert vocab.decode(ids) == expected_bytes(vocab, text), text
+
+
+def test_tekken_round_trip_through_mistral_common(tekken_vocab):
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    tek = MistralTokenizer.from_file(str(assets.mistral_tokenizer_path("tekken"))).instruct_tokenizer.tokenizer
+    for text in SAMPLES:
+        ids = tek.encode(text, bos=False, eos=False)
+        assert tekken_vocab.decode(ids) == text.encode("utf-8"), text
+        assert tek.decode(ids) == text
+
+
+@pytest.mark.parametrize("name", ["phi-3", pytest.param("llama-bpe", marks=pytest.mark.slow)])
+def test_transformers_tokenizer_from_gguf_gives_same_bytes(name):
+    # transformers builds its tokenizer from the same GGUF; llama-bpe takes ~18 s to convert, hence `slow`.
+    transformers = pytest.importorskip("transformers")
+    path = asset(assets.gguf_path, name)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    from_gguf, from_tok = Vocabulary.from_gguf(path), Vocabulary.from_tokenizer(tok)
+    n = from_gguf.n_tokens
+    assert from_tok.token_bytes[:n] == from_gguf.token_bytes
+    # Ids past the GGUF's count are tokens transformers' converter added (llama-bpe gets `<|endoftext|>`).
+    assert all(t in from_tok.special_ids for t in range(n, from_tok.n_tokens))
+    # The GGUF flags more (its unknown-type `[PAD…]` slots), never fewer.
+    assert {t for t in from_tok.special_ids if t < n} <= from_gguf.special_ids
+    assert set(from_gguf.eos_ids) <= set(from_tok.eos_ids)
+    for text in SAMPLES:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert from_gguf.decode(ids) == expected_bytes(from_gguf, text), text
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_every_byte_is_one_ordinary_token(request, fixture):
+    vocab = request.getfixturevalue(fixture)
+    singles = {d for t, d in enumerate(vocab.token_bytes) if len(d) == 1 and t not in vocab.special_ids}
+    missing = sorted(set(range(256)) - {d[0] for d in singles})
+    assert missing == [], f"{fixture}: no single-byte token for {missing}"
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_partial_utf8_tokens_stay_raw(request, fixture):
+    vocab = request.getfixturevalue(fixture)
+    ordinary = [d for t, d in enumerate(vocab.token_bytes) if t not in vocab.special_ids]
+    assert all(type(d) is bytes for d in ordinary)
+    partial = [d for d in ordinary if d and not _utf8(d)]
+    assert partial, "a byte-level or byte-fallback vocabulary has tokens that are not whole UTF-8"
+    # Lone continuation bytes and cut-off lead bytes are there as themselves (never U+FFFD).
+    assert b"\x80" in ordinary and b"\xe4" in ordinary
+
+
+def test_special_tokens_per_family(llama3_vocab, qwen3_vocab, gemma4_vocab, tekken_vocab, phi3_vocab, gpt2_vocab):
+    assert set(llama3_vocab.eos_ids) == {128001, 128009}  # <|end_of_text|>, <|eot_id|>
+    assert llama3_vocab.special_by_text["<|start_header_id|>"] == 128006
+
+    q = qwen3_vocab
+    assert (q.n_tokens, q.vocab_size) == (151936, 151936) and set(q.eos_ids) == {151643, 151645}
+    expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
+                "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667,
+                "</think>": 151668}
+    assert {k: q.special_by_text[k] for k in expected} == expected
+    assert set(range(151643, 151669)) <= q.special_ids and q.token_bytes[151657] == b"<tool_call>"
+    assert "[PAD151657]" not in q.special_by_text  # the placeholder is overlaid
+
+    g = gemma4_vocab
+    gemma = {"<eos>": 1, "<bos>": 2, "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+             "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52, "<|think|>": 98, "<|channel>": 100,
+             "<channel|>": 101, "<|turn>": 105, "<turn|>": 106}
+    assert {k: g.special_by_text[k] for k in gemma} == gemma and set(gemma.values()) <= g.special_ids
+    assert set(g.eos_ids) == {1, 50, 106}  # <eos>, <|tool_response>, <turn|> (llama.cpp's end-of-generation set)
+
+    assert tekken_vocab.special_by_text["[TOOL_CALLS]"] == 9 and tekken_vocab.eos_ids == (2,)
+    assert phi3_vocab.special_by_text["<|end|>"] == 32007 and 32007 in phi3_vocab.eos_ids
+    assert gpt2_vocab.eos_ids == (50256,)
+    for fixture in (llama3_vocab, q, g, tekken_vocab, phi3_vocab, gpt2_vocab):
+        assert set(fixture.eos_ids) <= fixture.special_ids | set(fixture.eos_ids)
+        assert fixture.vocab_size >= fixture.n_tokens == len(fixture.token_bytes)
+        for text, t in fixture.special_by_text.items():
+            assert t in fixture.special_ids and fixture.token_bytes[t] == text.encode("utf-8")
+
+
+def test_fingerprints_differ_across_vocabularies(request):
+    vocabs = [request.getfixturevalue(f) for f in FIXTURES]
+    assert len({v.fingerprint for v in vocabs}) == len(vocabs)
+    qwen2 = Vocabulary.from_gguf(asset(assets.gguf_path, "qwen2"))
+    assert qwen2.token_bytes[:151643] == vocabs[1].token_bytes[:151643] and qwen2 != vocabs[1]
+
+
+def test_fingerprint_is_stable_across_processes(gpt2_vocab):
+    import subprocess
+    import sys
+
+    code = ("from constrain import assets; from constrain.vocabulary import Vocabulary; "
+            "print(Vocabulary.from_gguf(assets.gguf_path('gpt-2')).fingerprint)")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == gpt2_vocab.fingerprint
+
+
+def test_real_vocabulary_pickles(qwen3_vocab):
+    clone = pickle.loads(pickle.dumps(qwen3_vocab))
+    assert clone == qwen3_vocab and clone.special_by_text == qwen3_vocab.special_by_text
+    assert clone.eos_ids == qwen3_vocab.eos_ids and clone.vocab_size == qwen3_vocab.vocab_size
