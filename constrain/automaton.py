@@ -675,7 +675,7 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     pb = [int(p % (b.n_classes + 1)) - 1 for p in uniq]
     ra = a.rows() if not a.is_empty else []
     rb = b.rows() if not b.is_empty else []
-    if a.is_empty:
+    if a.is_empty or (keep_b and b.is_empty):
         return _empty_dfa()
     start = (a.start, b.start if not b.is_empty else -1)
     ids = {start: 0}
