@@ -1,0 +1,125 @@
+"""Schema-compiler coverage on the shared corpora: compile status per schema, oracle agreement per instance.
+
+Prints one table per corpus (schemas, compiled %, false accepts/rejects, compile time) and the top failure
+reasons; `--update` rewrites tests/baselines/*.json, which tests/test_corpus.py ratchets against.
+
+    python benchmarks/coverage.py [--quick] [--update] [--corpus NAME ...] [--json OUT] [--token-level]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import corpus  # noqa: E402  (tests/corpus.py: loaders, writer, runner)
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{100 * n / d:5.1f}%" if d else "    -"
+
+
+def print_table(title: str, cases: list, results: dict) -> None:
+    table = corpus.summarize(cases, results)
+    head = f"{'group':<34} {'schemas':>7} {'compiled':>8} {'unsup':>5} {'inval':>5} {'budget':>6} {'crash':>5} {'inst':>6} {'agree':>6} {'FA':>4} {'FA*':>4} {'FR':>4} {'FR*':>4} {'n/c':>4} {'orac':>4} {'lbl≠':>4} {'ms p50':>7} {'ms max':>7}"
+    print(f"\n== {title} ==\n(FA*/FR*: of those, the upstream label sides with the compiler against the oracle)\n{head}\n{'-' * len(head)}")
+    total = collections.Counter()
+    all_ms: list[float] = []
+    for group in sorted(table):
+        row = table[group]
+        ms = row.pop("ms")
+        all_ms += ms
+        total.update(row)
+        _print_row(group, row, ms)
+    _print_row("TOTAL", total, all_ms)
+
+
+def _print_row(name: str, row: dict, ms: list[float]) -> None:
+    p50 = f"{statistics.median(ms):7.1f}" if ms else "      -"
+    mx = f"{max(ms):7.0f}" if ms else "      -"
+    print(
+        f"{name[:34]:<34} {row['schemas']:>7} {_pct(row['compiled'], row['schemas']):>8} {row['UnsupportedSchema']:>5} "
+        f"{row['InvalidSchema']:>5} {row['BudgetExceeded']:>6} {row['crash'] + row['hang']:>5} {row['instances']:>6} "
+        f"{row['agree']:>6} {row['false_accept']:>4} {row['label_sides_false_accept']:>4} {row['false_reject']:>4} {row['label_sides_false_reject']:>4} {row['not_canonicalisable']:>4} "
+        f"{row['oracle_error']:>4} {row['label_disagreements']:>4} {p50} {mx}"
+    )
+
+
+def print_reasons(results: dict, n: int = 15) -> None:
+    reasons = collections.Counter(f"{r['status']}: {r.get('reason', '')}" for r in results.values() if r["status"] != "compiled")
+    print("\ntop reasons a schema did not compile:")
+    for reason, count in reasons.most_common(n):
+        print(f"  {count:5}  {reason}")
+    bad = [(cid, iid, v) for cid, r in results.items() for iid, v in r["instances"].items() if v in ("false_accept", "false_reject")]
+    if bad:
+        print("false accepts / rejects (first 20):")
+        for cid, iid, v in bad[:20]:
+            print(f"  {v:12} {cid} #{iid}")
+
+
+def token_level(cases: list, results: dict, n_cases: int = 20, walks: int = 5) -> None:
+    """Walk random accepted texts of compiled schemas through the token index with the Llama 3 tokenizer."""
+    try:
+        from constrain.compiler import compile_json_schema  # noqa: F401
+        import assets  # tests/assets.py
+    except ImportError as err:
+        print(f"\n--token-level: not available yet ({err})")
+        return
+    print("\n--token-level: see tests/test_corpus.py::test_token_walks_llama3 (shares its body)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a seeded sample of 3 schemas per group")
+    ap.add_argument("--update", action="store_true", help="rewrite tests/baselines/<corpus>.json (not with --quick)")
+    ap.add_argument("--corpus", nargs="*", choices=list(corpus.CORPORA), default=list(corpus.CORPORA))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="write the per-schema results and environment here")
+    ap.add_argument("--token-level", action="store_true")
+    args = ap.parse_args()
+    if args.update and args.quick:
+        ap.error("--update needs the full corpus (drop --quick)")
+
+    report = {"environment": {"python": platform.python_version(), "machine": platform.machine(), "options": corpus.OPTIONS}, "corpora": {}}
+    status = 0
+    for name in args.corpus:
+        cases = corpus.CORPORA[name]()
+        if args.quick:
+            cases = corpus.sample(cases, 3)
+        start = time.monotonic()
+        results = corpus.run_cases(cases, workers=args.workers)
+        print_table(f"{name}: {len(cases)} schemas in {time.monotonic() - start:.0f} s", cases, results)
+        print_reasons(results)
+        crashes = [cid for cid, r in results.items() if r["status"] in ("crash", "hang")]
+        for cid in crashes:
+            print(f"CRASH {cid}: {results[cid]['reason']}")
+        status |= bool(crashes)
+        if args.update:
+            print(f"wrote {corpus.write_baseline(name, results)}")
+        elif (corpus.BASELINES / f"{name}.json").exists():
+            regressions, improvements, unstable = corpus.compare(corpus.load_baseline(name), results)
+            if args.quick:  # a sample: only the cases it ran count
+                regressions = [r for r in regressions if "not in the corpus" not in r]
+            print(f"vs baseline: {len(regressions)} regressions, {len(improvements)} improvements, {len(unstable)} time-budget changes")
+            for line in regressions[:30]:
+                print(f"  REGRESSION {line}")
+            for line in improvements[:30]:
+                print(f"  improved   {line}")
+        if args.token_level:
+            token_level(cases, results)
+        report["corpora"][name] = results
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""JSON Schema → automaton compiler: per-keyword membership, errors (class + pointer), strict mode, options,
+and Hypothesis properties over the supported subset (accepted texts validate; canonical valid instances are accepted)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import corpus
+from constrain import InvalidSchema, UnsupportedSchema
+from constrain import automaton as fa
+from constrain.schema import compile_schema, dump_json
+
+
+def accepts(schema, text: str, **options) -> bool:
+    return compile_schema(schema, **options).dfa.matches(text.encode())
+
+
+def check(schema, accepted, rejected, **options):
+    dfa = compile_schema(schema, **options).dfa
+    assert [t for t in accepted if not dfa.matches(t.encode())] == []
+    assert [t for t in rejected if dfa.matches(t.encode())] == []
+
+
+# ---------------------------------------------------------------------------
+# keywords
+# ---------------------------------------------------------------------------
+
+KEYWORD_CASES = {
+    "type-null": ({"type": "null"}, ["null"], ["0", '""', "nul"]),
+    "type-boolean": ({"type": "boolean"}, ["true", "false"], ["1", '"true"']),
+    "type-integer": ({"type": "integer"}, ["0", "-7", "12345678901234567890"], ["1.0", "1.5", "-0", "01", "1e2", '"1"']),
+    "type-number": ({"type": "number"}, ["0", "-0", "1.5", "1.0", "1e5", "-2.5E-3"], [".5", "1.", "+1", "01", "NaN"]),
+    "type-string": ({"type": "string"}, ['""', '"a b"', '"é"', '"\\n\\"\\\\"', '"\\u0000"'], ['"\\u00e9"', '"\\/"', "'a'", '"\n"']),
+    "type-list": ({"type": ["integer", "null"]}, ["1", "null"], ['"x"', "1.5"]),
+    "enum": ({"enum": [1, "a", None, [1, 2], {"x": True}]}, ["1", '"a"', "null", "[1,2]", '{"x":true}'], ["2", '"b"', "[2,1]", "false"]),
+    "enum-with-type": ({"type": "string", "enum": ["a", 1]}, ['"a"'], ["1"]),
+    "const": ({"const": {"b": 1, "a": "x"}}, ['{"b":1,"a":"x"}'], ['{"a":"x","b":1}', '{"b":1}']),
+    "minLength-maxLength": ({"type": "string", "minLength": 2, "maxLength": 3}, ['"ab"', '"abc"', '"é\\n"', '"😀😀"'], ['"a"', '"abcd"']),
+    "pattern-search": ({"type": "string", "pattern": "b+"}, ['"abba"', '"b"'], ['"a"', '""']),
+    "pattern-anchored": ({"type": "string", "pattern": "^[a-z]{2}$"}, ['"ab"'], ['"abc"', '"Ab"']),
+    "format-date": ({"type": "string", "format": "date"}, ['"2024-02-29"'], ['"2023-02-29"', '"2024-1-01"']),
+    "minimum-maximum": ({"type": "integer", "minimum": -3, "maximum": 12}, ["-3", "0", "12"], ["-4", "13", "100"]),
+    "exclusive-bounds": ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, ["0.5", "0.001"], ["0", "1", "1.5"]),
+    "draft4-exclusive": ({"type": "integer", "minimum": 0, "exclusiveMinimum": True}, ["1"], ["0"]),
+    "multipleOf": ({"type": "integer", "multipleOf": 3}, ["0", "-9", "12"], ["1", "10"]),
+    "items": ({"type": "array", "items": {"type": "integer"}}, ["[]", "[1]", "[1,2,3]"], ['["a"]', "[1,]"]),
+    "min-maxItems": ({"type": "array", "minItems": 1, "maxItems": 2}, ["[1]", '[1,"a"]'], ["[]", "[1,2,3]"]),
+    "prefixItems": ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, ["[]", "[1]", '[1,"a"]'], ['["a"]', '[1,"a",2]']),
+    "tuple-items-draft7": ({"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}}, ['[1,"a","b"]'], ['[1,2]']),
+    "properties-order": ({"type": "object", "properties": {"b": {}, "a": {}}}, ['{"b":1,"a":2}', '{"a":2}', "{}"], ['{"a":2,"b":1}']),
+    "required": ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["b"]}, ['{"b":1}', '{"a":1,"b":2}'], ["{}", '{"a":1}']),
+    "additionalProperties-false": ({"type": "object", "properties": {"a": {}}, "additionalProperties": False}, ['{"a":1}', "{}"], ['{"c":1}', '{"a":1,"c":1}']),
+    "additionalProperties-schema": ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, ['{"a":"s","z":1,"y":2}'], ['{"z":"s"}', '{"z":1,"a":1}']),
+    "min-maxProperties": ({"type": "object", "minProperties": 1, "maxProperties": 2}, ['{"a":1}', '{"a":1,"b":2}'], ["{}", '{"a":1,"b":2,"c":3}']),
+    "propertyNames": ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, ['{"ab":1}'], ['{"A":1}', '{"":1}']),
+    "anyOf": ({"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 1}]}, ["1", '"a"'], ['"ab"', "null"]),
+    "anyOf-with-parent": ({"type": "object", "properties": {"k": {}}, "anyOf": [{"properties": {"a": {}}, "required": ["a"]}]}, ['{"k":1,"a":2}', '{"a":2}'], ['{"a":2,"k":1}', '{"k":1}']),
+    "boolean-true": (True, ["1", '"x"', "[]", "{}", "null"], ["", "nul"]),
+    "empty-schema": ({}, ["1", '[{"a":[1]}]'], ["[1,]", "{'a':1}"]),
+    "annotations": ({"type": "string", "title": "t", "description": "d", "default": "x", "examples": ["y"]}, ['"z"'], ["1"]),
+}
+
+
+@pytest.mark.parametrize("name", list(KEYWORD_CASES))
+def test_keyword(name):
+    schema, accepted, rejected = KEYWORD_CASES[name]
+    check(schema, accepted, rejected)
+
+
+def test_unknown_keywords_are_ignored_and_reported():
+    compiled = compile_schema({"type": "object", "properties": {"a": {"type": "string", "x-foo": 1}}, "bar": 2})
+    assert compiled.ignored_keywords == ["/bar", "/properties/a/x-foo"]
+    assert compiled.dfa.matches(b'{"a":"s"}')
+
+
+def test_ref_resolves_local_pointers_and_escapes():
+    schema = {"$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "string"}}, "type": "array",
+              "prefixItems": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}], "items": False}
+    check(schema, ['[1,"x"]'], ['["x",1]'])
+    check({"definitions": {"n": {"type": "null"}}, "properties": {"x": {"$ref": "#/definitions/n"}}}, ['{"x":null}'], ['{"x":1}'])
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 4])
+def test_recursive_ref_is_unrolled_max_depth_times(max_depth):
+    schema = {"$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}}, "$ref": "#/$defs/n"}
+    dfa = compile_schema(schema, max_depth=max_depth).dfa
+    nested = lambda d: "[" * d + "null" + "]" * d  # noqa: E731
+    assert all(dfa.matches(nested(d).encode()) for d in range(max_depth))
+    assert not dfa.matches(nested(max_depth).encode())
+
+
+def test_recursive_object_without_base_case_keeps_its_optional_exit():
+    schema = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
+    check(schema, ["{}", '{"c":{}}', '{"c":{"c":{}}}'], ['{"c":{"c":{"c":{}}}}'])
+    assert accepts(schema, '{"c":{"c":{"c":{}}}}', max_depth=4)
+
+
+def test_free_form_values_nest_at_most_max_depth():
+    check({}, ["[[[1]]]", '{"a":{"b":{"c":1}}}'], ["[[[[1]]]]"], max_depth=3)
+    check({}, ["[1]"], ["[[1]]"], max_depth=1)
+
+
+def test_allof_merges_properties_in_part_order():
+    schema = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}, "a": {"minimum": 3}}, "required": ["b"]}]}
+    check(schema, ['{"b":"x"}', '{"a":3,"b":"x"}'], ['{"b":"x","a":3}', '{"a":2,"b":"x"}', '{"a":3}'])
+
+
+def test_allof_intersects_types_bounds_and_enums():
+    check({"allOf": [{"type": ["integer", "string"]}, {"type": ["number", "null"]}]}, ["1"], ["1.5", '"a"', "null"])
+    check({"allOf": [{"minimum": 0, "maximum": 10}, {"minimum": 5}], "type": "integer"}, ["5", "10"], ["4", "11"])
+    check({"allOf": [{"enum": [1, 2, 3]}, {"enum": [2, 3, 4]}]}, ["2", "3"], ["1", "4"])
+    check({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, ['"ab"', '"axb"'], ['"a"', '"b"'])
+
+
+def test_allof_closed_object_governs_the_other_parts_properties():
+    schema = {"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]}
+    check(schema, ['{"a":1}', "{}"], ['{"b":1}', '{"a":1,"b":2}'])
+
+
+def test_ref_with_siblings_is_merged():
+    schema = {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 2}
+    check(schema, ['"ab"'], ['"abc"', "1"])
+
+
+# ---------------------------------------------------------------------------
+# whitespace
+# ---------------------------------------------------------------------------
+
+WS_SCHEMA = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}, "b": {"enum": [{"x": 1}]}}}
+
+
+def test_flexible_whitespace_allows_one_space_after_comma_and_colon_only():
+    check(WS_SCHEMA, ['{"a":[1,2],"b":{"x":1}}', '{"a": [1, 2], "b": {"x": 1}}', '{"a": [1,2],"b":{"x": 1}}'],
+          ['{ "a":[1]}', '{"a" :[1]}', '{"a":[1] ,"b":{"x":1}}', '{"a":  [1]}', '{"a":[1]}\n', ' {"a":[1]}', '{"a":[ 1]}', '{"a":\t[1]}'],
+          whitespace="flexible")
+
+
+def test_compact_whitespace_allows_no_space():
+    check(WS_SCHEMA, ['{"a":[1,2],"b":{"x":1}}'], ['{"a": [1,2]}', '{"a":[1, 2]}', '{"a":[1],"b":{"x": 1}}'], whitespace="compact")
+
+
+def test_unknown_whitespace_option_is_an_error():
+    with pytest.raises(ValueError):
+        compile_schema({}, whitespace="pretty")
+
+
+def test_dump_json_writes_both_styles():
+    assert dump_json({"a": [1, "é"]}) == '{"a":[1,"é"]}'
+    assert dump_json({"a": [1, "é"]}, "flexible") == '{"a": [1, "é"]}'
+
+
+# ---------------------------------------------------------------------------
+# errors: class and pointer
+# ---------------------------------------------------------------------------
+
+ERROR_CASES = [
+    ({"type": "strin"}, InvalidSchema, "/type"),
+    ({"properties": {"a": {"type": 3}}}, InvalidSchema, "/properties/a/type"),
+    ({"type": "string", "minLength": -1}, InvalidSchema, "/minLength"),
+    ({"type": "array", "maxItems": 1.5}, InvalidSchema, "/maxItems"),
+    ({"type": "integer", "minimum": "x"}, InvalidSchema, "/minimum"),
+    ({"type": "number", "multipleOf": 0}, InvalidSchema, "/multipleOf"),
+    ({"type": "object", "required": "a"}, InvalidSchema, "/required"),
+    ({"properties": []}, InvalidSchema, "/properties"),
+    ({"anyOf": []}, InvalidSchema, "/anyOf"),
+    ({"allOf": {}}, InvalidSchema, "/allOf"),
+    ({"enum": 1}, InvalidSchema, "/enum"),
+    ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, InvalidSchema, "/properties/a/$ref"),
+    ({"items": 5}, InvalidSchema, "/items"),
+    ({"not": {"type": "string"}}, UnsupportedSchema, "/not"),
+    ({"properties": {"a": {"if": {}, "then": {}}}}, UnsupportedSchema, "/properties/a/if"),
+    ({"patternProperties": {"^x": {}}}, UnsupportedSchema, "/patternProperties"),
+    ({"type": "array", "contains": {}}, UnsupportedSchema, "/contains"),
+    ({"dependentRequired": {"a": ["b"]}}, UnsupportedSchema, "/dependentRequired"),
+    ({"unevaluatedProperties": False}, UnsupportedSchema, "/unevaluatedProperties"),
+    ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "/uniqueItems"),
+    ({"$ref": "https://example.com/s.json"}, UnsupportedSchema, "/$ref"),
+    ({"type": "string", "format": "no-such-format"}, UnsupportedSchema, "/format"),
+    ({"type": "integer", "minimum": 5, "maximum": 1}, UnsupportedSchema, ""),
+    (False, UnsupportedSchema, ""),
+    ({"allOf": [{"type": "string", "format": "date"}, {"format": "no-such"}]}, UnsupportedSchema, "/allOf/1/format"),
+]
+
+
+@pytest.mark.parametrize("schema,cls,pointer", ERROR_CASES, ids=[json.dumps(c[0])[:50] for c in ERROR_CASES])
+def test_errors_carry_class_and_pointer(schema, cls, pointer):
+    with pytest.raises(cls) as info:
+        compile_schema(schema)
+    assert info.type is cls or (cls is UnsupportedSchema and issubclass(info.type, cls))
+    assert info.value.pointer == pointer
+
+
+def test_error_pointer_is_prefixed_with_the_schema_location():
+    with pytest.raises(UnsupportedSchema) as info:
+        compile_schema({"properties": {"a/b": {"not": {}}}}, pointer="/tools/2/function/parameters")
+    assert info.value.pointer == "/tools/2/function/parameters/properties/a~1b/not"
+
+
+def test_state_budget_is_an_unsupported_schema():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{1,30}$"} for i in range(20)}}
+    with pytest.raises(fa.BudgetExceeded) as info:
+        compile_schema(schema, max_states=50)
+    assert isinstance(info.value, UnsupportedSchema)
+
+
+# ---------------------------------------------------------------------------
+# strict mode
+# ---------------------------------------------------------------------------
+
+STRICT_OK = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 2}, "b": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+             "required": ["a", "b"], "additionalProperties": False}
+
+
+def test_strict_accepts_the_subset_and_writes_compact():
+    check(STRICT_OK, ['{"a":3,"b":null}', '{"a":3,"b":"x"}'], ['{"a": 3,"b":null}', '{"a":1,"b":null}', '{"a":3}'], strict=True)
+
+
+STRICT_ERRORS = [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, ""),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"], "additionalProperties": False}, "/required"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLengthx": 1}}, "required": ["a"], "additionalProperties": False}, "/properties/a/minLengthx"),
+    ({"type": "object", "properties": {"a": {"not": {}}}, "required": ["a"], "additionalProperties": False}, "/properties/a/not"),
+    ({"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}, "required": ["a"], "additionalProperties": False}, "/properties/a/format"),
+    ({"type": "object", "properties": {"o": {"type": "object", "properties": {"x": {}}, "required": ["x"]}}, "required": ["o"], "additionalProperties": False}, "/properties/o"),
+    ({"type": "array", "items": {"type": "string"}}, "/type"),
+    ({"anyOf": [{"type": "object"}]}, "/anyOf"),
+    ({"type": "object", "properties": {}, "required": [], "additionalProperties": False, "$defs": {"x": {"type": "string", "foo": 1}}}, "/$defs/x/foo"),
+]
+
+
+@pytest.mark.parametrize("schema,pointer", STRICT_ERRORS, ids=[p or "root" for _, p in STRICT_ERRORS])
+def test_strict_errors(schema, pointer):
+    with pytest.raises(InvalidSchema) as info:
+        compile_schema(schema, strict=True)
+    assert info.type is InvalidSchema
+    assert info.value.pointer == pointer
+
+
+def test_strict_off_accepts_the_same_schemas():
+    for schema, _ in STRICT_ERRORS[:2]:
+        assert accepts(schema, '{"a":1}')
+
+
+# ---------------------------------------------------------------------------
+# known compiler bugs (minimal cases; each fix is one rule)
+# ---------------------------------------------------------------------------
+
+
+def test_oneof_rejects_values_matching_two_branches():
+    # oneOf is compiled as anyOf; fix: branch i minus the union of the other branches (fa.difference).
+    check({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", "2.5"], ["3"])
+
+
+def test_allof_does_not_pair_one_parts_prefixitems_with_anothers_items():
+    # the parent's `items` applies to every element; merging it with a part's prefixItems makes it apply to the tail only.
+    check({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}, "type": "array"}, ["[5,6]"], ["[3,5]"])
+
+
+def test_allof_ignores_conflicting_unknown_keywords():
+    # unknown keywords are annotations: two different values must not make the merge fail.
+    check({"allOf": [{"type": "integer", "x-doc": "a"}, {"x-doc": "b"}]}, ["1"], ['"a"'])
+
+
+# ---------------------------------------------------------------------------
+# properties over the supported subset
+# ---------------------------------------------------------------------------
+
+_NAMES = st.sampled_from(["a", "b", "c", "é", "a b", 'q"', "\\", "Z"])
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-50, 50), st.integers(-40, 40).map(lambda k: k / 4), st.text(max_size=3))
+
+
+@st.composite
+def _integer_schema(draw):
+    s: dict = {"type": "integer"}
+    lo = draw(st.none() | st.integers(-100, 100))
+    hi = draw(st.none() | st.integers(-100, 100))
+    if lo is not None:
+        s["minimum"] = lo
+    if hi is not None:
+        s["maximum"] = max(hi, lo if lo is not None else hi)
+    return s
+
+
+@st.composite
+def _number_schema(draw):
+    s: dict = {"type": "number"}
+    lo = draw(st.none() | st.integers(-40, 40).map(lambda k: k / 4))
+    hi = draw(st.none() | st.integers(-40, 40).map(lambda k: k / 4))
+    if lo is not None:
+        s[draw(st.sampled_from(["minimum", "exclusiveMinimum"]))] = lo
+    if hi is not None:
+        s[draw(st.sampled_from(["maximum", "exclusiveMaximum"]))] = max(hi, lo + 1 if lo is not None else hi)
+    return s
+
+
+@st.composite
+def _string_schema(draw):
+    s: dict = {"type": "string"}
+    lo = draw(st.none() | st.integers(0, 3))
+    hi = draw(st.none() | st.integers(0, 4))
+    if lo is not None:
+        s["minLength"] = lo
+    if hi is not None:
+        s["maxLength"] = max(hi, lo or 0)
+    return s
+
+
+_LEAVES = st.one_of(
+    st.just({"type": "null"}), st.just({"type": "boolean"}), _integer_schema(), _number_schema(), _string_schema(),
+    st.lists(_SCALARS, min_size=1, max_size=4, unique_by=lambda v: json.dumps(v)).map(lambda vs: {"enum": vs}),
+    _SCALARS.map(lambda v: {"const": v}),
+)
+
+
+@st.composite
+def _object_schema(draw, children):
+    props = draw(st.dictionaries(_NAMES, children, max_size=3))
+    s: dict = {"type": "object", "properties": props}
+    s["required"] = [n for n in props if draw(st.booleans())]
+    extra = draw(st.sampled_from(["absent", "false", "schema"]))
+    if extra == "false":
+        s["additionalProperties"] = False
+    elif extra == "schema":
+        s["additionalProperties"] = draw(children)
+    return s
+
+
+@st.composite
+def _array_schema(draw, children):
+    s: dict = {"type": "array", "items": draw(children)}
+    lo = draw(st.none() | st.integers(0, 2))
+    hi = draw(st.none() | st.integers(0, 3))
+    if lo is not None:
+        s["minItems"] = lo
+    if hi is not None:
+        s["maxItems"] = max(hi, lo or 0)
+    return s
+
+
+SCHEMAS = st.recursive(
+    _LEAVES,
+    lambda children: st.one_of(_object_schema(children), _array_schema(children), st.lists(children, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs})),
+    max_leaves=6,
+)
+
+_JSON = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=2) | st.dictionaries(st.text(max_size=2), c, max_size=2), max_leaves=4).filter(
+    lambda v: _depth(v) <= 3  # free-form values nest at most max_depth (3) levels
+)
+
+
+def instances(schema) -> st.SearchStrategy:
+    """Values valid against a schema drawn from SCHEMAS (built along the schema's structure)."""
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "anyOf" in schema:
+        return st.one_of([instances(b) for b in schema["anyOf"]])
+    t = schema["type"]
+    if t == "null":
+        return st.none()
+    if t == "boolean":
+        return st.booleans()
+    if t == "integer":
+        return st.integers(schema.get("minimum", -10**6), schema.get("maximum", 10**6))
+    if t == "number":
+        lo = schema.get("minimum", schema.get("exclusiveMinimum", -1000))
+        hi = schema.get("maximum", schema.get("exclusiveMaximum", 1000))
+        return st.integers(int(lo * 8), int(hi * 8)).map(lambda k: k / 8)
+    if t == "string":
+        return st.text(st.characters(exclude_categories=("Cs",)), min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", 6))
+    if t == "array":
+        return st.lists(instances(schema["items"]), min_size=schema.get("minItems", 0), max_size=schema.get("maxItems", 3))
+    props = schema["properties"]
+    required = {n: instances(props[n]) for n in schema["required"]}
+    optional = {n: instances(s) for n, s in props.items() if n not in schema["required"]}
+    base = st.fixed_dictionaries(required, optional=optional)
+    extra = schema.get("additionalProperties", True)
+    if extra is False:
+        return base
+    values = _JSON if extra is True else instances(extra)
+    extras = st.dictionaries(st.text(max_size=3).filter(lambda k: k not in props), values, max_size=2)
+    return st.tuples(base, extras).map(lambda p: {**p[0], **p[1]})
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(SCHEMAS, st.data())
+def test_canonical_valid_instances_are_accepted(schema, data):
+    dfa = compile_schema(schema).dfa
+    oracle = corpus.validator(schema)
+    writer = corpus.CanonicalWriter(schema, oracle=oracle)
+    for _ in range(3):
+        value = data.draw(instances(schema))
+        if oracle.is_valid(value):  # an exclusive bound may draw its own limit
+            text = writer.text(value)
+            assert dfa.matches(text), text
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SCHEMAS, st.integers(0, 2**32))
+def test_accepted_texts_are_valid_instances(schema, seed):
+    try:
+        dfa = compile_schema(schema).dfa
+    except UnsupportedSchema:
+        assume(False)
+    assert corpus.walk_violations(schema, dfa, 10, seed=seed) == []
+
+
+def test_walk_reaches_long_texts_and_stops():
+    schema = {"type": "array", "items": {"type": "string"}}
+    walker = corpus.Walker(compile_schema(schema).dfa, p_stop=0.0, soft_len=50)
+    texts = [walker.walk(random.Random(i)) for i in range(20)]
+    assert all(json.loads(t) is not None for t in texts)
+    assert max(len(t) for t in texts) >= 50
