@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-# COORDINATION NOTE (temporary, 13:07): two helper sessions are editing this file at once. The lead has given
-# vocabulary.py / tests/test_vocabulary.py / tests/conftest.py / constrain/assets.py to a second helper
-# (full brief: /work/main/BRIEF-helper-1-vocabulary.md). That helper keeps your design and adds the brief's parts
-# with small str_replace edits only (special_by_text, GGUF user-defined tokens special, EOG ids, added-token
-# overlay for Qwen3, from_mistral, constrain/assets.py, conftest fixtures). Please edit with str_replace only
-# (never rewrite whole files), read the brief, and leave tests/conftest.py and constrain/assets.py to it.
-
 import hashlib
 import json
 import os
@@ -19,7 +12,7 @@ from typing import Any
 
 from constrain.errors import ConstrainError, InternalError
 
-__all__ = ["TokenizerError", "Vocabulary"]
+__all__ = ["QWEN3_ADDED_TOKENS", "TokenizerError", "Vocabulary", "qwen3_vocabulary"]
 
 _SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space inside a piece
 
@@ -33,9 +26,10 @@ class Vocabulary:
 
     Guarantee: for every id `i` that is not in `special_ids` or `eos_ids`, emitting `i` appends exactly
     `token_bytes[i]` to the decoded output (byte-level BPE alphabet undone, SentencePiece `▁` turned into a space,
-    `<0xNN>` byte pieces turned into that byte). Tokens that never add text (`<unk>`, unused slots, id holes) have
-    `b""`. A special token keeps its text (e.g. `b"<|im_end|>"`) in `token_bytes`, but emitting it is not that
-    text: a grammar names it by id, and the index never walks its bytes.
+    `<0xNN>` byte pieces turned into that byte; a piece of a UTF-8 character stays raw, never U+FFFD). Id holes
+    have `b""`. Special tokens (control, added, unknown, unused, GGUF user-defined) keep their text (e.g.
+    `b"<|im_end|>"`) in `token_bytes`, but emitting one is not that text: a grammar names it by id, and the index
+    never walks its bytes.
 
     Attributes:
         token_bytes: one `bytes` per token id, `n_tokens` of them.
