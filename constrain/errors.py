@@ -31,6 +31,10 @@ class UnsupportedSchema(RequestError):
         super().__init__(message, pointer=pointer, code=code)
 
 
+class TokenizerError(ConstrainError):
+    """A tokenizer whose tokens cannot be mapped to bytes exactly (unknown kind, decoder or file)."""
+
+
 class InternalError(ConstrainError):
     """constrain's own fault (HTTP 500)."""
 

@@ -10,15 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from constrain.errors import ConstrainError, InternalError
+from constrain.errors import InternalError, TokenizerError
 
 __all__ = ["QWEN3_ADDED_TOKENS", "TokenizerError", "Vocabulary", "qwen3_vocabulary"]
 
 _SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space inside a piece
-
-
-class TokenizerError(ConstrainError):
-    """A tokenizer whose tokens cannot be mapped to bytes exactly (unknown kind, decoder or file)."""
 
 
 class Vocabulary:
@@ -122,11 +118,6 @@ class Vocabulary:
     def n_tokens(self) -> int:
         """The tokenizer's token count (ids `0..n_tokens-1`)."""
         return len(self.token_bytes)
-
-    @property
-    def special_by_text(self) -> dict[str, int]:
-        """Special token text → id (a fresh dict; the lowest id wins when two special tokens share a text)."""
-        return dict(self.special_tokens)
 
     def _digest(self) -> str:
         h = hashlib.sha256(b"constrain.Vocabulary/1")

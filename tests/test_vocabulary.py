@@ -354,31 +354,31 @@ def test_partial_utf8_tokens_stay_raw(request, fixture):
 
 def test_special_tokens_per_family(llama3_vocab, qwen3_vocab, gemma4_vocab, tekken_vocab, phi3_vocab, gpt2_vocab):
     assert set(llama3_vocab.eos_ids) == {128001, 128009}  # <|end_of_text|>, <|eot_id|>
-    assert llama3_vocab.special_by_text["<|start_header_id|>"] == 128006
+    assert llama3_vocab.special_tokens["<|start_header_id|>"] == 128006
 
     q = qwen3_vocab
     assert (q.n_tokens, q.vocab_size) == (151936, 151936) and set(q.eos_ids) == {151643, 151645}
     expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
                 "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667,
                 "</think>": 151668}
-    assert {k: q.special_by_text[k] for k in expected} == expected
+    assert {k: q.special_tokens[k] for k in expected} == expected
     assert set(range(151643, 151669)) <= q.special_ids and q.token_bytes[151657] == b"<tool_call>"
-    assert "[PAD151657]" not in q.special_by_text  # the placeholder is overlaid
+    assert "[PAD151657]" not in q.special_tokens  # the placeholder is overlaid
 
     g = gemma4_vocab
     gemma = {"<eos>": 1, "<bos>": 2, "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
              "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52, "<|think|>": 98, "<|channel>": 100,
              "<channel|>": 101, "<|turn>": 105, "<turn|>": 106}
-    assert {k: g.special_by_text[k] for k in gemma} == gemma and set(gemma.values()) <= g.special_ids
+    assert {k: g.special_tokens[k] for k in gemma} == gemma and set(gemma.values()) <= g.special_ids
     assert set(g.eos_ids) == {1, 50, 106}  # <eos>, <|tool_response>, <turn|> (llama.cpp's end-of-generation set)
 
-    assert tekken_vocab.special_by_text["[TOOL_CALLS]"] == 9 and tekken_vocab.eos_ids == (2,)
-    assert phi3_vocab.special_by_text["<|end|>"] == 32007 and 32007 in phi3_vocab.eos_ids
+    assert tekken_vocab.special_tokens["[TOOL_CALLS]"] == 9 and tekken_vocab.eos_ids == (2,)
+    assert phi3_vocab.special_tokens["<|end|>"] == 32007 and 32007 in phi3_vocab.eos_ids
     assert gpt2_vocab.eos_ids == (50256,)
     for fixture in (llama3_vocab, q, g, tekken_vocab, phi3_vocab, gpt2_vocab):
         assert set(fixture.eos_ids) <= fixture.special_ids | set(fixture.eos_ids)
         assert fixture.vocab_size >= fixture.n_tokens == len(fixture.token_bytes)
-        for text, t in fixture.special_by_text.items():
+        for text, t in fixture.special_tokens.items():
             assert t in fixture.special_ids and fixture.token_bytes[t] == text.encode("utf-8")
 
 
@@ -402,5 +402,5 @@ def test_fingerprint_is_stable_across_processes(gpt2_vocab):
 
 def test_real_vocabulary_pickles(qwen3_vocab):
     clone = pickle.loads(pickle.dumps(qwen3_vocab))
-    assert clone == qwen3_vocab and clone.special_by_text == qwen3_vocab.special_by_text
+    assert clone == qwen3_vocab and clone.special_tokens == qwen3_vocab.special_tokens
     assert clone.eos_ids == qwen3_vocab.eos_ids and clone.vocab_size == qwen3_vocab.vocab_size
