@@ -16,6 +16,11 @@ class RequestError(ConstrainError):
         self.pointer = pointer
         self.code = code
 
+    @property
+    def param(self) -> str:
+        """The pointer in OpenAI's `param` spelling: `/tools/2/function/parameters` → `tools[2].function.parameters`."""
+        return pointer_to_param(self.pointer)
+
 
 class InvalidSchema(RequestError):
     """Not a valid schema (or outside the strict subset when strict mode is asked for)."""
@@ -41,6 +46,15 @@ class InternalError(ConstrainError):
 
 class MaskViolation(InternalError):
     """A token outside the allowed mask was fed to a state."""
+
+
+def pointer_to_param(pointer: str) -> str:
+    """RFC 6901 JSON Pointer → OpenAI `param` (`messages[0].content`); the empty pointer gives ''."""
+    out = ""
+    for raw in pointer.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        out += f"[{token}]" if token.isdigit() else (f".{token}" if out else token)
+    return out
 
 
 def join_pointer(pointer: str, *parts: str | int) -> str:

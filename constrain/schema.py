@@ -111,7 +111,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         raise ValueError(f"whitespace must be 'flexible' or 'compact', got {opts.whitespace!r}")
     if opts.strict:
         opts.whitespace = "compact"
-        _check_strict_node(schema, pointer, True)
+        check_strict(schema, pointer, True)
     compiler = _Compiler(schema, opts, pointer)
     expr = compiler.value(schema, pointer, ())
     dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer)
@@ -133,7 +133,8 @@ def _strict_error(message: str, pointer: str) -> InvalidSchema:
     return InvalidSchema(message, pointer=pointer, code="invalid_function_parameters")
 
 
-def _check_strict_node(node: Any, pointer: str, is_root: bool) -> None:
+def check_strict(node: Any, pointer: str = "", is_root: bool = True) -> None:
+    """Raise `InvalidSchema` (code `invalid_function_parameters`) unless `node` is in OpenAI's strict subset."""
     if not isinstance(node, dict):
         raise _strict_error("strict mode needs every schema to be an object", pointer)
     for key in node:
@@ -164,11 +165,11 @@ def _check_strict_node(node: Any, pointer: str, is_root: bool) -> None:
         raise _strict_error(f"format '{fmt}' is not supported in strict mode", join_pointer(pointer, "format"))
     for key in ("properties", "$defs", "definitions"):
         for name, sub in (node.get(key) or {}).items():
-            _check_strict_node(sub, join_pointer(pointer, key, name), False)
+            check_strict(sub, join_pointer(pointer, key, name), False)
     if "items" in node:
-        _check_strict_node(node["items"], join_pointer(pointer, "items"), False)
+        check_strict(node["items"], join_pointer(pointer, "items"), False)
     for i, sub in enumerate(node.get("anyOf") or []):
-        _check_strict_node(sub, join_pointer(pointer, "anyOf", i), False)
+        check_strict(sub, join_pointer(pointer, "anyOf", i), False)
 
 
 # ---------------------------------------------------------------------------
