@@ -1,0 +1,647 @@
+"""Side-by-side engine benchmark: constrain vs xgrammar, llguidance and outlines-core, in one process, same inputs.
+
+Every engine gets the exact token bytes of one `constrain.vocabulary.Vocabulary` (special and EOS ids are never
+spelled as bytes; EOS ids are the stop tokens). For each (workload, vocabulary):
+  1. valid outputs are sampled from constrain's index (random allowed tokens, then steered to acceptance, then EOS);
+  2. each engine is checked against constrain: allowed-token sets on the states along those outputs (non-special
+     ids compared exactly, EOS compared as "some EOS allowed"); a peer rejecting a sampled token is a disagreement;
+  3. each engine is timed on a fresh compile: cold compile, time to first mask (grammar text -> first mask filled),
+     then the same token ids replayed (mask fill into an int32 bitmask + accept per step). constrain's lazily built
+     rows are computed inside that timing.
+outlines-core compiles in a forked child (60 s watchdog, the index comes back pickled); the others compile
+in-process and are marked "timeout" afterwards if they exceeded 60 s.
+
+Usage: python benchmarks/bench_engine.py [--quick] [--vocabs llama3,qwen3,gemma4] [--workloads a,b]
+                                          [--engines constrain,xgrammar,llguidance,outlines] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pickle
+import platform
+import random
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+try:
+    import constrain  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+from workloads import Json, Literal, Workload, workloads  # noqa: E402
+
+from constrain import automaton as fa  # noqa: E402
+from constrain import index as cindex  # noqa: E402
+from constrain.index import TokenIndex  # noqa: E402
+from constrain.schema import compile_schema  # noqa: E402
+from constrain.vocabulary import Vocabulary, qwen3_vocabulary  # noqa: E402
+
+TIMEOUT_S = 60.0
+ENGINES = ("constrain", "xgrammar", "llguidance", "outlines")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+def mib(n: float | None) -> float | None:
+    return None if n is None else round(n / 2**20, 2)
+
+
+def load_vocab(label: str) -> Vocabulary:
+    from constrain import assets
+
+    if label == "llama3":
+        return Vocabulary.from_gguf(assets.gguf_path("llama-bpe"))
+    if label == "qwen3":
+        return qwen3_vocabulary()
+    if label == "gemma4":
+        return Vocabulary.from_gguf(assets.gguf_path("gemma-4"))
+    raise ValueError(label)
+
+
+def allowed_ids(bitmask: np.ndarray, n_tokens: int) -> np.ndarray:
+    bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:n_tokens]
+    return np.flatnonzero(bits)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Engines. Each: prepare(vocab) once per vocabulary (timed as tokenizer preprocessing), compile(workload) -> compiled,
+# matcher(compiled) -> m, fill(m, buf), accept(m, tok) -> bool.
+
+
+class Constrain:
+    name = "constrain"
+
+    def prepare(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+        cindex._TRIE_CACHE.clear()
+        self.trie = cindex._trie_for(vocab)  # the per-vocabulary preprocessing TokenIndex would do on first use
+
+    def dfa(self, w: Workload) -> fa.Dfa:
+        parts = [fa.literal(p.text.encode()) if isinstance(p, Literal)
+                 else compile_schema(p.schema, whitespace="compact", timeout_s=TIMEOUT_S).dfa for p in w.parts]
+        return parts[0] if len(parts) == 1 else fa.compile(fa.concat(*parts))
+
+    def compile(self, w: Workload) -> TokenIndex:
+        t0 = time.perf_counter()
+        dfa = self.dfa(w)
+        t1 = time.perf_counter()
+        idx = TokenIndex(dfa, self.vocab)
+        self.last_split = {"schema_to_dfa_s": t1 - t0, "dfa_to_index_s": time.perf_counter() - t1,
+                           "dfa_states": dfa.n_states}
+        return idx
+
+    def matcher(self, idx: TokenIndex):
+        return idx.start()
+
+    def fill(self, st, buf: np.ndarray) -> None:
+        np.copyto(buf, st.mask())
+
+    def accept(self, st, tok: int) -> bool:
+        st.advance(tok)
+        return True
+
+
+class XGrammar:
+    name = "xgrammar"
+
+    def prepare(self, vocab: Vocabulary, peer_tokens: list[bytes]) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        info = xgr.TokenizerInfo(peer_tokens, xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
+                                 stop_token_ids=list(vocab.eos_ids))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+
+    def compile(self, w: Workload):
+        xgr = self.xgr
+        schema = w.single_schema
+        if schema is not None:
+            return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"),
+                                                     strict_mode=True)
+        parts = []
+        for p in w.parts:
+            if isinstance(p, Literal):
+                parts.append(xgr.Grammar.from_ebnf("root ::= " + json.dumps(p.text)))
+            else:
+                parts.append(xgr.Grammar.from_json_schema(json.dumps(p.schema), any_whitespace=False,
+                                                          separators=(",", ":"), strict_mode=True))
+        return self.compiler.compile_grammar(xgr.Grammar.concat(*parts))
+
+    def matcher(self, compiled):
+        return self.xgr.GrammarMatcher(compiled)
+
+    def fill(self, m, buf: np.ndarray) -> None:
+        m.fill_next_token_bitmask(buf[None, :] if buf.ndim == 1 else buf)
+
+    def accept(self, m, tok: int) -> bool:
+        return bool(m.accept_token(tok))
+
+
+class _ByteTokenizer:
+    """What llguidance.TokenizerWrapper needs: token bytes, special ids, EOS/BOS, and a (greedy per-byte) encoder."""
+
+    def __init__(self, vocab: Vocabulary, tokens: list[bytes]):
+        self.tokens = tokens
+        self.eos_token_id = vocab.eos_ids[0]
+        self.bos_token_id = None
+        self.special_token_ids = sorted(set(vocab.special_ids) | set(vocab.eos_ids))
+        byte_ids: dict[int, int] = {}
+        for i, data in enumerate(tokens):
+            if len(data) == 1 and i not in vocab.special_ids:
+                byte_ids.setdefault(data[0], i)
+        self._byte_ids = byte_ids
+
+    def __call__(self, data):
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return [self._byte_ids[b] for b in data]
+
+
+class LLGuidance:
+    name = "llguidance"
+
+    def prepare(self, vocab: Vocabulary, peer_tokens: list[bytes]) -> None:
+        import llguidance
+        import llguidance.numpy as lnp
+
+        self.llg, self.lnp = llguidance, lnp
+        # Special tokens keep their text (llguidance marks special_token_ids itself); holes stay empty.
+        tokens = [vocab.token_bytes[i] if (i in vocab.special_ids or i in vocab.eos_ids) and vocab.token_bytes[i]
+                  else peer_tokens[i] for i in range(vocab.n_tokens)]
+        wrapper = llguidance.TokenizerWrapper(_ByteTokenizer(vocab, tokens))
+        self.tok = llguidance.LLTokenizer(wrapper, n_vocab=vocab.vocab_size, eos_token=list(vocab.eos_ids))
+
+    @staticmethod
+    def grammar(w: Workload) -> str:
+        opts = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "coerce_one_of": True}
+
+        def js(schema):
+            return "%json" + json.dumps({**schema, "x-guidance": opts})
+
+        if w.single_schema is not None:
+            return "start: " + js(w.single_schema)
+        body = " ".join(json.dumps(p.text) if isinstance(p, Literal) else "value" for p in w.parts)
+        schema = next(p.schema for p in w.parts if isinstance(p, Json))
+        return f"start: {body}\nvalue: {js(schema)}\n"
+
+    def compile(self, w: Workload):
+        m = self.llg.LLMatcher(self.tok, self.grammar(w), log_level=0)
+        if m.is_error():
+            raise RuntimeError(m.get_error())
+        return m
+
+    def matcher(self, compiled):
+        compiled.reset()
+        return compiled
+
+    def fill(self, m, buf: np.ndarray) -> None:
+        m.unsafe_compute_mask_ptr(buf.ctypes.data, buf.nbytes)
+
+    def accept(self, m, tok: int) -> bool:
+        return bool(m.consume_token(tok)) and not m.is_error()
+
+
+def _rust_regex_escape(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n")
+        elif ch in "\\.+*?()|[]{}^$#&-~":  # regex-syntax's meta characters; escaping others (`\\<`) is an error
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class Outlines:
+    name = "outlines"
+
+    def prepare(self, vocab: Vocabulary, peer_tokens: list[bytes]) -> None:
+        import outlines_core
+
+        self.oc = outlines_core
+        eos = set(vocab.eos_ids)
+        mapping: dict[bytes, list[int]] = {}
+        for i, data in enumerate(peer_tokens):
+            if data and i not in eos:
+                mapping.setdefault(data, []).append(i)
+        # outlines-core takes one EOS id; the others are left out of its vocabulary (never allowed).
+        self.vocabulary = outlines_core.Vocabulary(vocab.eos_ids[0], mapping)
+        self.vocab_size = vocab.vocab_size
+        self.eos = eos
+
+    def regex(self, w: Workload) -> str:
+        from outlines_core.json_schema import build_regex_from_schema
+
+        return "".join(_rust_regex_escape(p.text) if isinstance(p, Literal)
+                       else build_regex_from_schema(json.dumps(p.schema), "") for p in w.parts)
+
+    def compile_in_child(self, w: Workload) -> tuple[str, Any, float, int]:
+        """(status, index or error, seconds, child RSS delta): compile in a forked child under the 60 s watchdog."""
+        regex = self.regex(w)
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(r)
+            try:
+                base = rss()
+                t0 = time.perf_counter()
+                idx = self.oc.Index(regex, self.vocabulary)
+                dt = time.perf_counter() - t0
+                payload = pickle.dumps(("ok", idx, dt, rss() - base))
+            except BaseException as err:  # noqa: BLE001 - report anything to the parent
+                payload = pickle.dumps(("error", repr(err)[:300], 0.0, 0))
+            with os.fdopen(wfd, "wb") as fh:
+                fh.write(payload)
+            os._exit(0)
+        os.close(wfd)
+        chunks = []
+        deadline = time.monotonic() + TIMEOUT_S
+        with os.fdopen(r, "rb") as fh:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fh], [], [], left)[0]:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    return "timeout", None, TIMEOUT_S, 0
+                chunk = os.read(fh.fileno(), 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        os.waitpid(pid, 0)
+        if not chunks:
+            return "error", "child died", 0.0, 0
+        return pickle.loads(b"".join(chunks))
+
+    def matcher(self, compiled):
+        return self.oc.Guide(compiled)
+
+    def fill(self, g, buf: np.ndarray) -> None:
+        g.write_mask_into(buf.ctypes.data, buf.size, 4)
+
+    def accept(self, g, tok: int) -> bool:
+        if tok in self.eos and g.is_finished():
+            return True  # outlines-core's finished Guide has no transition on EOS; EOS is what it allows there
+        try:
+            g.advance(tok, return_tokens=False)
+            return True
+        except ValueError:
+            return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference outputs
+
+
+def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: int, seed: int) -> list[list[int]]:
+    """Valid token sequences (ending with an EOS id): random allowed tokens for `soft` steps, then steered to accept."""
+    dfa = idx.dfa
+    dist = fa.shortest_distances(dfa)
+    eos = set(vocab.eos_ids)
+    tb = vocab.token_bytes
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        st, toks = idx.start(), []
+        while True:
+            allowed = st.allowed_token_ids().tolist()
+            ends = [t for t in allowed if t in eos]
+            body = [t for t in allowed if t not in eos]
+            if ends and (len(toks) >= soft or not body):
+                toks.append(ends[0])
+                break
+            if len(toks) >= hard:
+                raise RuntimeError("sampled output did not finish")
+            if len(toks) < soft:
+                tok = rng.choice(body)
+            else:
+                cands = rng.sample(body, min(256, len(body)))
+                tok = min(cands, key=lambda t: (dist[dfa.step(st.dfa_state, tb[t])], -len(tb[t])))
+            st.advance(tok)
+            toks.append(tok)
+        out.append(toks)
+    return out
+
+
+def reference_masks(idx: TokenIndex, samples: list[list[int]], n_words: int, check_steps: int) -> list[list[np.ndarray]]:
+    masks = []
+    for toks in samples:
+        st, rows = idx.start(), []
+        for tok in toks[:check_steps]:
+            rows.append(st.mask().copy())
+            st.advance(tok)
+        masks.append(rows)
+    return masks
+
+
+def check_engine(eng, compiled, samples, ref, vocab, excluded: np.ndarray, check_steps: int) -> dict:
+    """Compare allowed-token sets with the reference on the first `check_steps` states of every sample."""
+    n_words = (vocab.vocab_size + 31) // 32
+    buf = np.zeros(n_words, dtype=np.int32)
+    eos = np.asarray(vocab.eos_ids)
+    n_states = n_diff = 0
+    examples = []
+    rejected = None
+    for si, toks in enumerate(samples):
+        m = eng.matcher(compiled)
+        for step, tok in enumerate(toks[:check_steps]):
+            buf[:] = 0
+            eng.fill(m, buf)
+            ours = allowed_ids(ref[si][step], vocab.n_tokens)
+            theirs = allowed_ids(buf, vocab.n_tokens)
+            ours_b = np.setdiff1d(ours, excluded)
+            theirs_b = np.setdiff1d(theirs, excluded)
+            eos_ours, eos_theirs = bool(np.isin(eos, ours).any()), bool(np.isin(eos, theirs).any())
+            n_states += 1
+            if not np.array_equal(ours_b, theirs_b) or eos_ours != eos_theirs:
+                n_diff += 1
+                if len(examples) < 3:
+                    only_o = np.setdiff1d(ours_b, theirs_b)
+                    only_t = np.setdiff1d(theirs_b, ours_b)
+                    examples.append({
+                        "sample": si, "step": step,
+                        "prefix": vocab.decode(toks[:step])[-40:].decode("utf-8", "replace"),
+                        "only_constrain": [len(only_o), [vocab.token_bytes[t].decode("utf-8", "replace")
+                                                         for t in only_o[:5]]],
+                        "only_peer": [len(only_t), [vocab.token_bytes[t].decode("utf-8", "replace")
+                                                    for t in only_t[:5]]],
+                        "eos": [eos_ours, eos_theirs],
+                    })
+            if not eng.accept(m, tok):
+                rejected = rejected or {"sample": si, "step": step,
+                                        "token": vocab.token_bytes[tok].decode("utf-8", "replace")}
+                break
+    return {"states_checked": n_states, "states_differing": n_diff, "examples": examples, "rejected": rejected}
+
+
+def replay(eng, compiled, samples, n_words: int) -> tuple[list[float], dict | None]:
+    """Per-step seconds of (mask fill + accept) over all samples; first rejection if any."""
+    buf = np.zeros(n_words, dtype=np.int32)
+    times: list[float] = []
+    rejected = None
+    perf = time.perf_counter
+    gc.disable()
+    try:
+        for si, toks in enumerate(samples):
+            m = eng.matcher(compiled)
+            for step, tok in enumerate(toks):
+                t0 = perf()
+                eng.fill(m, buf)
+                ok = eng.accept(m, tok)
+                times.append(perf() - t0)
+                if not ok:
+                    rejected = rejected or {"sample": si, "step": step}
+                    break
+    finally:
+        gc.enable()
+    return times, rejected
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -> dict:
+    n_words = (vocab.vocab_size + 31) // 32
+    res: dict[str, Any] = {"workload": w.name, "vocab": vlabel, "engines": {}}
+    ours = engines["constrain"]
+    try:
+        ref_idx = ours.compile(w)
+    except Exception as err:  # noqa: BLE001
+        res["error"] = f"constrain cannot compile: {type(err).__name__}: {str(err)[:200]}"
+        res["engines"]["constrain"] = {"status": "error", "error": res["error"]}
+        return res
+    samples = sample_outputs(ref_idx, vocab, args.samples, args.soft, args.hard, seed=hash((w.name, vlabel)) & 0xFFFF)
+    res["sample_lengths"] = [len(s) for s in samples]
+    ref = reference_masks(ref_idx, samples, n_words, args.check_steps)
+    excluded = np.asarray(sorted(set(vocab.special_ids) | set(vocab.eos_ids)), dtype=np.int64)
+    del ref_idx
+    for name, eng in engines.items():
+        r: dict[str, Any] = {}
+        res["engines"][name] = r
+        try:
+            buf = np.zeros(n_words, dtype=np.int32)
+            gc.collect()
+            base = rss()
+            if name == "outlines":
+                status, compiled, dt_compile, child_mem = eng.compile_in_child(w)
+                if status != "ok":
+                    r.update(status=status, error=compiled if status == "error" else None)
+                    continue
+                t0 = time.perf_counter()
+                m = eng.matcher(compiled)
+                eng.fill(m, buf)
+                ttfm = dt_compile + time.perf_counter() - t0
+                r["compile_mem_mib"] = mib(child_mem)
+            else:
+                t0 = time.perf_counter()
+                compiled = eng.compile(w)
+                dt_compile = time.perf_counter() - t0
+                m = eng.matcher(compiled)
+                eng.fill(m, buf)
+                ttfm = time.perf_counter() - t0
+                r["compile_mem_mib"] = mib(rss() - base)
+                if name == "constrain":
+                    r.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in eng.last_split.items()})
+            r["compile_s"] = dt_compile
+            r["ttfm_s"] = ttfm
+            if ttfm > TIMEOUT_S:
+                r["status"] = "timeout"
+                continue
+            times, rej = replay(eng, compiled, samples, n_words)
+            r["steps"] = len(times)
+            r.update(p50_us=pct(times, 0.5) * 1e6, p99_us=pct(times, 0.99) * 1e6, max_us=max(times) * 1e6,
+                     mean_us=statistics.fmean(times) * 1e6)
+            r["replay_rejected"] = rej
+            # Warm: the same outputs again on the same compiled grammar (constrain's rows now all built).
+            warm, _ = replay(eng, compiled, samples, n_words)
+            r.update(p50_warm_us=pct(warm, 0.5) * 1e6, p99_warm_us=pct(warm, 0.99) * 1e6)
+            r["mem_after_replay_mib"] = mib(rss() - base)
+            if name == "constrain":
+                r["index_nbytes_mib"] = mib(compiled.nbytes())
+                r["replay_total_s"] = sum(times)
+            else:
+                # Check on a separate compile so the timed run above started cold.
+                chk = compiled if name == "outlines" else eng.compile(w)
+                r["check"] = check_engine(eng, chk, samples, ref, vocab, excluded, args.check_steps)
+            r["status"] = "ok"
+        except Exception as err:  # noqa: BLE001
+            r.update(status="error", error=f"{type(err).__name__}: {str(err)[:300]}")
+        finally:
+            compiled = m = None  # noqa: F841
+    return res
+
+
+def env_info(vocabs: dict[str, Vocabulary]) -> dict:
+    from importlib.metadata import version
+
+    def ver(p):
+        try:
+            return version(p)
+        except Exception:  # noqa: BLE001
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = None
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        gpu = None
+    cpu = None
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
+        "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "gpu": gpu,
+        "versions": {p: ver(p) for p in ("torch", "triton", "numpy", "xgrammar", "llguidance", "outlines_core")},
+        "commit": commit, "batch": 1,
+        "vocabs": {k: {"n_tokens": v.n_tokens, "vocab_size": v.vocab_size, "eos_ids": list(v.eos_ids)}
+                   for k, v in vocabs.items()},
+    }
+
+
+def fmt_ratio(peer: float | None, ours: float | None) -> str:
+    if peer is None or ours is None or ours <= 0:
+        return "-"
+    return f"{peer / ours:.2f}x"
+
+
+def print_tables(prep: dict, results: list[dict], engines: list[str]) -> None:
+    peers = [e for e in engines if e != "constrain"]
+    print("\n## Tokenizer preprocessing (once per vocabulary). constrain absolute; peers as peer/constrain")
+    print("| vocab | constrain s | constrain RSS MiB | " + " | ".join(f"{p} time | {p} RSS" for p in peers) + " |")
+    print("|---" * (3 + 2 * len(peers)) + "|")
+    for v, d in prep.items():
+        o = d["constrain"]
+        cells = [f"{fmt_ratio(d[p]['s'], o['s'])} | {fmt_ratio(d[p]['rss'], o['rss'])}" if p in d else "- | -"
+                 for p in peers]
+        print(f"| {v} | {o['s']:.3f} | {mib(o['rss'])} | " + " | ".join(cells) + " |")
+    metrics = (("ttfm_s", "time to first mask", 1e3, "ms"), ("p50_us", "per-token p50", 1, "us"),
+               ("p99_us", "per-token p99", 1, "us"), ("max_us", "per-token max", 1, "us"),
+               ("p50_warm_us", "per-token p50, warm (second replay)", 1, "us"),
+               ("p99_warm_us", "per-token p99, warm (second replay)", 1, "us"),
+               ("compile_s", "cold compile", 1e3, "ms"))
+    for key, title, scale, unit in metrics:
+        print(f"\n## {title}: constrain absolute ({unit}); peers as peer/constrain (>1 = constrain faster)")
+        print(f"| workload | vocab | constrain {unit} | " + " | ".join(peers) + " |")
+        print("|---" * (3 + len(peers)) + "|")
+        for r in results:
+            o = r["engines"].get("constrain", {})
+            if o.get("status") != "ok":
+                print(f"| {r['workload']} | {r['vocab']} | {o.get('status', 'error')} | "
+                      + " | ".join(r["engines"].get(p, {}).get("status", "-") for p in peers) + " |")
+                continue
+            cells = []
+            for p in peers:
+                e = r["engines"].get(p, {})
+                if e.get(key) is None:
+                    cells.append(e.get("status", "-"))
+                else:
+                    cells.append(fmt_ratio(e[key], o[key]))
+            print(f"| {r['workload']} | {r['vocab']} | {o[key] * scale:.1f} | " + " | ".join(cells) + " |")
+    print("\n## constrain breakdown and mask agreement (states differing / checked; R = rejected a sampled token)")
+    print("| workload | vocab | DFA states | schema->DFA ms | DFA->index ms | replay total ms (lazy rows) | "
+          + " | ".join(peers) + " |")
+    print("|---" * (6 + len(peers)) + "|")
+    for r in results:
+        o = r["engines"].get("constrain", {})
+        if o.get("status") != "ok":
+            continue
+        cells = []
+        for p in peers:
+            c = r["engines"].get(p, {}).get("check")
+            if c is None:
+                cells.append(r["engines"].get(p, {}).get("status", "-"))
+            else:
+                cells.append(f"{c['states_differing']}/{c['states_checked']}" + (" R" if c["rejected"] else ""))
+        print(f"| {r['workload']} | {r['vocab']} | {o['dfa_states']} | {o['schema_to_dfa_s'] * 1e3:.1f} | "
+              f"{o['dfa_to_index_s'] * 1e3:.1f} | {o['replay_total_s'] * 1e3:.1f} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI: llama3 only, two workloads, two short samples")
+    ap.add_argument("--vocabs", default=None)
+    ap.add_argument("--workloads", default=None)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--json", default=None, help="default benchmarks/results/bench_engine[_quick].json")
+    args = ap.parse_args(argv)
+    args.samples = args.samples or (2 if args.quick else 4)
+    args.soft, args.hard, args.check_steps = (24, 200, 12) if args.quick else (64, 600, 24)
+    vlabels = (args.vocabs or ("llama3" if args.quick else "llama3,qwen3,gemma4")).split(",")
+    wl = workloads(quick=args.quick and not args.workloads)
+    if args.workloads:
+        wanted = args.workloads.split(",")
+        wl = [w for w in wl if w.name in wanted]
+    names = args.engines.split(",")
+    classes = {"constrain": Constrain, "xgrammar": XGrammar, "llguidance": LLGuidance, "outlines": Outlines}
+    t_start = time.perf_counter()
+    vocabs: dict[str, Vocabulary] = {}
+    prep: dict[str, dict] = {}
+    results: list[dict] = []
+    for vl in vlabels:
+        vocab = vocabs[vl] = load_vocab(vl)
+        non_byte = set(vocab.special_ids) | set(vocab.eos_ids)
+        peer_tokens = [b"" if i in non_byte else data for i, data in enumerate(vocab.token_bytes)]
+        engines = {}
+        prep[vl] = {}
+        for n in names:
+            eng = classes[n]()
+            gc.collect()
+            base = rss()
+            t0 = time.perf_counter()
+            eng.prepare(vocab) if n == "constrain" else eng.prepare(vocab, peer_tokens)
+            prep[vl][n] = {"s": time.perf_counter() - t0, "rss": rss() - base}
+            if n == "constrain":
+                prep[vl][n]["trie_nbytes"] = eng.trie.nbytes
+            engines[n] = eng
+        print(f"# {vl}: n_tokens={vocab.n_tokens} vocab_size={vocab.vocab_size} prep "
+              + ", ".join(f"{n} {d['s']:.2f}s/{mib(d['rss'])}MiB" for n, d in prep[vl].items()), file=sys.stderr)
+        for w in wl:
+            t0 = time.perf_counter()
+            r = run_pair(engines, w, vl, vocab, args)
+            results.append(r)
+            print(f"#   {w.name}: {time.perf_counter() - t0:.1f}s "
+                  + ", ".join(f"{n}={e.get('status')}" for n, e in r["engines"].items()), file=sys.stderr)
+        del engines
+    print_tables(prep, results, names)
+    out = Path(args.json or Path(__file__).parent / "results" / f"bench_engine{'_quick' if args.quick else ''}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"env": env_info(vocabs), "quick": args.quick, "timeout_s": TIMEOUT_S, "whitespace": "compact",
+           "samples": args.samples, "preprocessing": prep, "results": results,
+           "workloads": {w.name: w.description for w in wl}, "wall_s": time.perf_counter() - t_start}
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    print(f"\n# wrote {out} ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
