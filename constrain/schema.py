@@ -70,6 +70,127 @@ def dump_json(value: Any, whitespace: Whitespace = "compact") -> str:
     return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
 
 
+class JsonSyntax:
+    """How values are written: JSON (the default); other wire formats subclass this."""
+
+    name = "json"
+    sort_keys = False  # members in schema order (False) or sorted case-insensitively (True)
+    containers_as_json = False  # arrays and objects below this level switch to JSON syntax
+
+    def __init__(self, whitespace: Whitespace = "compact"):
+        sep = fa.optional(fa.literal(b" ")) if whitespace == "flexible" else fa.EMPTY
+        self.whitespace = whitespace
+        self.member_sep = self.item_sep = fa.concat(fa.literal(b","), sep)
+        self.colon = fa.concat(fa.literal(b":"), sep)
+        self.obj_open, self.obj_close = fa.literal(b"{"), fa.literal(b"}")
+        self.arr_open, self.arr_close = fa.literal(b"["), fa.literal(b"]")
+        self.null = fa.literal(b"null")
+        self.true, self.false = fa.literal(b"true"), fa.literal(b"false")
+
+    def child(self) -> "JsonSyntax":
+        """The syntax of values nested inside this level's objects and arrays."""
+        return self
+
+    def string(self, decoded: fa.Expr) -> fa.Expr:
+        return encode_string(decoded)
+
+    def key(self, name: str) -> fa.Expr:
+        return fa.literal(dump_json(name).encode())
+
+    def extra_key(self, decoded: fa.Expr) -> fa.Expr:
+        return encode_string(decoded)
+
+    def member(self, key: fa.Expr, value: fa.Expr) -> fa.Expr:
+        return fa.concat(key, self.colon, value)
+
+    def text(self, value: Any) -> bytes | None:
+        """The one text of a scalar in this syntax, or None when it has no fixed text (numbers)."""
+        if value is None:
+            return b"null"
+        if isinstance(value, bool):
+            return b"true" if value else b"false"
+        if isinstance(value, str):
+            return dump_json(value).encode()
+        return None
+
+
+class Gemma4Syntax(JsonSyntax):
+    """Gemma 4 call arguments: bare keys in case-insensitive order, strings between the `<|"|>` token, `None`."""
+
+    name = "gemma4"
+    sort_keys = True
+
+    def __init__(self, quote_symbol: int):
+        super().__init__("compact")
+        self.quote = fa.special(quote_symbol)
+        self.null = fa.literal(b"None")
+
+    def string(self, decoded: fa.Expr) -> fa.Expr:
+        # raw text, no escaping; the string ends only at the quote token, whose text may not appear inside
+        return fa.concat(self.quote, fa.intersect(decoded, fa.text_without(b'<|"|>')), self.quote)
+
+    def key(self, name: str) -> fa.Expr:
+        return fa.literal(name.encode())
+
+    def extra_key(self, decoded: fa.Expr) -> fa.Expr:
+        return fa.intersect(decoded, fa.repeat(fa.chars([(0x21, 0x2B), (0x2D, 0x39), (0x3B, 0x5A), (0x5E, 0x7A), (0x7E, 0x10FFFF)]), 1))
+
+    def text(self, value: Any) -> bytes | None:
+        if value is None:
+            return b"None"
+        if isinstance(value, str):
+            return None  # written with the quote symbol, see `string`
+        return super().text(value)
+
+
+class XmlArgumentsSyntax(JsonSyntax):
+    """Qwen3-Coder / Qwen3.5 arguments: one `<parameter=KEY>` block per argument, no braces or commas."""
+
+    name = "qwen3_xml"
+
+    def __init__(self):
+        super().__init__("compact")
+        self.obj_open = self.obj_close = fa.EMPTY
+        self.member_sep = fa.EMPTY
+
+    def child(self) -> JsonSyntax:
+        return XmlValueSyntax()
+
+    def key(self, name: str) -> fa.Expr:
+        return fa.literal(name.encode())
+
+    def extra_key(self, decoded: fa.Expr) -> fa.Expr:
+        return fa.intersect(decoded, fa.repeat(fa.chars([(0x21, 0x3D), (0x3F, 0x10FFFF)]), 1))
+
+    def member(self, key: fa.Expr, value: fa.Expr) -> fa.Expr:
+        return fa.concat(fa.literal(b"<parameter="), key, fa.literal(b">\n"), value, fa.literal(b"\n</parameter>\n"))
+
+
+class XmlValueSyntax(JsonSyntax):
+    """A value inside `<parameter=KEY>`: raw strings, Python-style `True`/`False`/`None`, JSON containers."""
+
+    name = "qwen3_xml_value"
+    containers_as_json = True
+
+    def __init__(self):
+        super().__init__("flexible")
+        # the chat template writes Python's str(); parsers also take JSON's spelling
+        self.null = fa.union(fa.literal(b"None"), fa.literal(b"null"))
+        self.true = fa.union(fa.literal(b"True"), fa.literal(b"true"))
+        self.false = fa.union(fa.literal(b"False"), fa.literal(b"false"))
+
+    def child(self) -> JsonSyntax:
+        return JsonSyntax("flexible")
+
+    def string(self, decoded: fa.Expr) -> fa.Expr:
+        return fa.intersect(decoded, fa.text_without(b"\n</parameter>"))
+
+    def text(self, value: Any) -> bytes | None:
+        if isinstance(value, str):
+            return value.encode()
+        return super().text(value)
+
+
 @dataclass
 class SchemaOptions:
     """How a schema is compiled. See `compile_schema`."""
@@ -79,6 +200,7 @@ class SchemaOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     max_states: int = DEFAULT_MAX_STATES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    syntax: JsonSyntax | None = None  # None: JSON with `whitespace`
 
 
 @dataclass
@@ -100,6 +222,8 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         max_depth: how deep recursive `$ref`s are unrolled and free-form values (no `type`) nest.
         max_states: state budget of every intermediate automaton.
         timeout_s: compile-time budget.
+        syntax: how values are written (default JSON); `Gemma4Syntax(quote_token_id)` or
+            `XmlArgumentsSyntax()` for those tool-call formats' arguments (the root must be an object there).
     Returns:
         `CompiledSchema` with the DFA and the pointers of ignored unknown keywords.
     Raises:
@@ -215,11 +339,18 @@ class _Compiler:
         self.base = pointer
         self.deadline = time.monotonic() + opts.timeout_s
         self.ignored: list[str] = []
-        sep = fa.optional(fa.literal(b" ")) if opts.whitespace == "flexible" else fa.EMPTY
-        self.comma = fa.concat(fa.literal(b","), sep)
-        self.colon = fa.concat(fa.literal(b":"), sep)
-        self._any_cache: dict[int, fa.Expr] = {}
-        self._memo: dict[tuple[int, tuple[str, ...]], fa.Expr] = {}
+        self.syntax: JsonSyntax = opts.syntax or JsonSyntax(opts.whitespace)
+        self._any_cache: dict[tuple[str, int], fa.Expr] = {}
+        self._memo: dict[tuple[int, tuple[str, ...], str], fa.Expr] = {}
+
+    def nested(self, syntax: JsonSyntax) -> "_Compiler":
+        """This compiler, writing with another syntax (caches and budgets shared)."""
+        if syntax is self.syntax:
+            return self
+        other = object.__new__(_Compiler)
+        other.__dict__.update(self.__dict__)
+        other.syntax = syntax
+        return other
 
     # -- entry ---------------------------------------------------------------
 
@@ -233,7 +364,7 @@ class _Compiler:
             return fa.NOTHING
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer=pointer)
-        key = (id(schema), refs)
+        key = (id(schema), refs, self.syntax.name)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -315,8 +446,16 @@ class _Compiler:
     def merge(self, a: dict, b: dict, pa: str, pb: str) -> dict:
         """One schema equivalent to allOf[a, b] for the keywords constrain applies."""
         out = dict(a)
+        if any(k in a or k in b for k in ("prefixItems", "items", "additionalItems")):
+            self._merge_arrays(a, b, out)
         for key, bv in b.items():
-            if key in ANNOTATIONS or key in ("$defs", "definitions"):
+            if key in ANNOTATIONS or key in ("$defs", "definitions", "prefixItems", "items", "additionalItems"):
+                out.setdefault(key, bv)
+                continue
+            if key in ("_patterns", "_formats"):
+                out[key] = [*out.get(key, []), *bv]
+                continue
+            if key not in APPLIED and key not in UNSUPPORTED:  # unknown keywords are annotations
                 out.setdefault(key, bv)
                 continue
             if key not in out:
@@ -349,9 +488,7 @@ class _Compiler:
                 out["enum"] = [x for x in va if any(_json_equal(x, y) for y in vb)]
             elif key in ("anyOf", "oneOf"):
                 out[key] = [{"allOf": [x, y]} for x in av for y in bv]
-            elif key in ("items", "additionalProperties", "propertyNames"):
-                if isinstance(av, list) or isinstance(bv, list):
-                    raise UnsupportedSchema(f"cannot merge tuple-form '{key}' in allOf", pointer=where)
+            elif key in ("additionalProperties", "propertyNames"):
                 out[key] = {"allOf": [av, bv]}
             elif key == "uniqueItems":
                 out[key] = bool(av) or bool(bv)
@@ -368,6 +505,26 @@ class _Compiler:
         if "properties" in a and "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
             self._merge_closed_objects(a, b, out)
         return out
+
+    @staticmethod
+    def _merge_arrays(a: dict, b: dict, out: dict) -> None:
+        """Element i of allOf[a, b] must satisfy both sides' schema for position i."""
+
+        def layout(side: dict) -> tuple[list, Any]:
+            items = side.get("items", True)
+            if isinstance(items, list):  # draft 4-7 tuple form
+                return list(items), side.get("additionalItems", True)
+            return list(side.get("prefixItems", [])), items
+
+        pa, ra = layout(a)
+        pb, rb = layout(b)
+        n = max(len(pa), len(pb))
+        prefix = [{"allOf": [pa[i] if i < len(pa) else ra, pb[i] if i < len(pb) else rb]} for i in range(n)]
+        for key in ("prefixItems", "items", "additionalItems"):
+            out.pop(key, None)
+        if prefix:
+            out["prefixItems"] = prefix
+        out["items"] = {"allOf": [ra, rb]}
 
     @staticmethod
     def _merge_closed_objects(a: dict, b: dict, out: dict) -> None:
@@ -410,7 +567,9 @@ class _Compiler:
                     bp = join_pointer(pointer, key, i)
                     combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
                     exprs.append(self.value(combined, bp, refs))
-                return fa.union(*exprs)
+                if key == "anyOf":
+                    return fa.union(*exprs)
+                return self.exactly_one(exprs, pointer)
         if "enum" in schema or "const" in schema:
             return self.enum(schema, pointer, refs)
         types = self.types(schema, pointer)
@@ -420,6 +579,17 @@ class _Compiler:
                 continue
             alternatives.append(self.typed(t, schema, pointer, refs))
         return fa.union(*alternatives)
+
+    def exactly_one(self, exprs: list[fa.Expr], pointer: str) -> fa.Expr:
+        """oneOf: the texts in exactly one branch (the union minus every pairwise overlap)."""
+        dfas = [fa.compile(e, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer) for e in exprs]
+        overlaps = []
+        for i in range(len(dfas)):
+            for j in range(i + 1, len(dfas)):
+                both = fa.compile(fa.intersect(dfas[i], dfas[j]), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+                if not both.is_empty:
+                    overlaps.append(both)
+        return fa.difference(fa.union(*dfas), fa.union(*overlaps)) if overlaps else fa.union(*dfas)
 
     def types(self, schema: dict, pointer: str) -> list[str]:
         t = schema.get("type")
@@ -433,9 +603,11 @@ class _Compiler:
 
     def typed(self, t: str, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
         if t == "null":
-            return fa.literal(b"null")
+            return self.syntax.null
         if t == "boolean":
-            return fa.union(fa.literal(b"true"), fa.literal(b"false"))
+            return fa.union(self.syntax.true, self.syntax.false)
+        if t in ("array", "object") and self.syntax.containers_as_json:
+            return self.nested(self.syntax.child()).typed(t, schema, pointer, refs)
         if t == "string":
             return self.string(schema, pointer)
         if t in ("integer", "number"):
@@ -480,7 +652,7 @@ class _Compiler:
         return expr
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
-        return encode_string(self.decoded_string(schema, pointer))
+        return self.syntax.string(self.decoded_string(schema, pointer))
 
     def number(self, t: str, schema: dict, pointer: str) -> fa.Expr:
         from constrain import numbers as _numbers
@@ -511,17 +683,26 @@ class _Compiler:
         )
 
     def literal_value(self, value: Any) -> fa.Expr:
-        """The text of one JSON value in the writing rules (keys in the given order)."""
+        """The text of one JSON value in this syntax (object keys in the given order, or sorted)."""
+        syntax = self.syntax
         if isinstance(value, float) and value.is_integer() or isinstance(value, int) and not isinstance(value, bool):
             whole = int(value)
             return fa.union(fa.literal(str(whole).encode()), fa.literal(f"{whole}.0".encode()))
-        if isinstance(value, (str, bool, float)) or value is None:
+        if isinstance(value, float):
             return fa.literal(dump_json(value).encode())
+        if isinstance(value, str) and syntax.text(value) is None:
+            return syntax.string(fa.literal(value.encode()))
+        if isinstance(value, (str, bool)) or value is None:
+            return fa.literal(syntax.text(value))
+        if syntax.containers_as_json:
+            return self.nested(syntax.child()).literal_value(value)
+        inner = self.nested(syntax.child())
         if isinstance(value, list):
-            return fa.concat(fa.literal(b"["), fa.sequence_of([self.literal_value(v) for v in value], self.comma), fa.literal(b"]"))
+            return fa.concat(syntax.arr_open, fa.sequence_of([inner.literal_value(v) for v in value], syntax.item_sep), syntax.arr_close)
         if isinstance(value, dict):
-            members = [fa.concat(fa.literal(dump_json(k).encode()), self.colon, self.literal_value(v)) for k, v in value.items()]
-            return fa.concat(fa.literal(b"{"), fa.sequence_of(members, self.comma), fa.literal(b"}"))
+            items = sorted(value.items(), key=lambda kv: kv[0].lower()) if syntax.sort_keys else list(value.items())
+            members = [syntax.member(syntax.key(k), inner.literal_value(v)) for k, v in items]
+            return fa.concat(syntax.obj_open, fa.sequence_of(members, syntax.member_sep), syntax.obj_close)
         raise InvalidSchema(f"not a JSON value: {value!r}", pointer="")
 
     def enum(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
@@ -538,26 +719,31 @@ class _Compiler:
             types = set(self.types(schema, pointer))
             kept = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
         else:
-            check = fa.compile(self._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
-            kept = [v for v in values if check.matches(dump_json(v, self.opts.whitespace).encode())]
+            # filter the values by the other keywords, checked in plain JSON whatever the output syntax
+            checker = self.nested(JsonSyntax("compact"))
+            check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            kept = [v for v in values if check.matches(dump_json(v, "compact").encode())]
         return fa.union(*(self.literal_value(v) for v in kept))
 
     def any_value(self, depth: int) -> fa.Expr:
-        """Any JSON value, arrays and objects nested at most `depth` levels."""
-        hit = self._any_cache.get(depth)
+        """Any JSON value in this syntax, arrays and objects nested at most `depth` levels."""
+        syntax = self.syntax
+        hit = self._any_cache.get((syntax.name, depth))
         if hit is not None:
             return hit
         from constrain import numbers as _numbers
 
-        scalars = [fa.literal(b"null"), fa.literal(b"true"), fa.literal(b"false"), _numbers.JSON_NUMBER, encode_string(ANY_TEXT)]
+        values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
         if depth > 0:
-            inner = self.any_value(depth - 1)
-            items = fa.optional(fa.concat(inner, fa.repeat(fa.concat(self.comma, inner), 0)))
-            member = fa.concat(encode_string(ANY_TEXT), self.colon, inner)
-            members = fa.optional(fa.concat(member, fa.repeat(fa.concat(self.comma, member), 0)))
-            scalars += [fa.concat(fa.literal(b"["), items, fa.literal(b"]")), fa.concat(fa.literal(b"{"), members, fa.literal(b"}"))]
-        expr = fa.compile(fa.union(*scalars), max_states=self.opts.max_states, deadline=self.deadline)
-        self._any_cache[depth] = expr
+            inner_compiler = self.nested(syntax.child())
+            inner = inner_compiler.any_value(depth - 1)
+            container = syntax.child() if syntax.containers_as_json else syntax
+            items = fa.optional(fa.concat(inner, fa.repeat(fa.concat(container.item_sep, inner), 0)))
+            member = container.member(container.extra_key(ANY_TEXT), inner)
+            members = fa.optional(fa.concat(member, fa.repeat(fa.concat(container.member_sep, member), 0)))
+            values += [fa.concat(container.arr_open, items, container.arr_close), fa.concat(container.obj_open, members, container.obj_close)]
+        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline)
+        self._any_cache[(syntax.name, depth)] = expr
         return expr
 
     # -- arrays --------------------------------------------------------------------------
@@ -580,8 +766,10 @@ class _Compiler:
             items_pointer = join_pointer(pointer, "items")
         if not isinstance(prefix, list):
             raise InvalidSchema("'prefixItems' must be an array", pointer=join_pointer(pointer, "prefixItems"))
-        prefix_exprs = [self.value(s, join_pointer(pointer, prefix_key, i), refs) for i, s in enumerate(prefix)]
-        rest = fa.NOTHING if items is False else self.value(items, items_pointer, refs)
+        inner = self.nested(self.syntax.child())
+        sep = self.syntax.item_sep
+        prefix_exprs = [inner.value(s, join_pointer(pointer, prefix_key, i), refs) for i, s in enumerate(prefix)]
+        rest = fa.NOTHING if items is False else inner.value(items, items_pointer, refs)
         if rest == fa.NOTHING:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and hi < lo:
@@ -601,15 +789,15 @@ class _Compiler:
             if i >= len(prefix_exprs):
                 more_lo = max(lo - i, 0)
                 more_hi = None if hi is None else hi - i
-                return fa.repeat(fa.concat(self.comma, rest), more_lo, more_hi)
-            step = fa.concat(self.comma, prefix_exprs[i], tail(i + 1))
+                return fa.repeat(fa.concat(sep, rest), more_lo, more_hi)
+            step = fa.concat(sep, prefix_exprs[i], tail(i + 1))
             return step if i < lo else fa.optional(step)
 
         first = prefix_exprs[0] if prefix_exprs else rest
         body = fa.concat(first, tail(1)) if (hi is None or hi >= 1) else fa.NOTHING
         if lo == 0:
             body = fa.optional(body)
-        return fa.concat(fa.literal(b"["), body, fa.literal(b"]"))
+        return fa.concat(self.syntax.arr_open, body, self.syntax.arr_close)
 
     # -- objects -------------------------------------------------------------------------
 
@@ -629,16 +817,18 @@ class _Compiler:
         if names_schema is not True:
             names_expr = self.property_names(names_schema, join_pointer(pointer, "propertyNames"))
         # required properties that are not declared are governed by additionalProperties
+        syntax = self.syntax
+        inner = self.nested(syntax.child())
         slots: list[tuple[str, fa.Expr, bool]] = []
         for name, sub in props.items():
-            value = self.value(sub, join_pointer(pointer, "properties", name), refs)
+            value = inner.value(sub, join_pointer(pointer, "properties", name), refs)
             if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
                 value = fa.NOTHING
             slots.append((name, value, name in required))
         declared = set(props)
         for name in required:
             if name not in declared:
-                value = fa.NOTHING if extra is False else self.value(extra, join_pointer(pointer, "additionalProperties"), refs)
+                value = fa.NOTHING if extra is False else inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
                 if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
                     value = fa.NOTHING
                 slots.append((name, value, True))
@@ -647,21 +837,23 @@ class _Compiler:
             if is_required and value == fa.NOTHING:
                 return fa.NOTHING
         slots = [s for s in slots if s[1] != fa.NOTHING]
-        members = [(fa.concat(fa.literal(dump_json(name).encode()), self.colon, value), is_required) for name, value, is_required in slots]
+        if syntax.sort_keys:
+            slots.sort(key=lambda slot: slot[0].lower())
+        members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
         extra_member = None
         if extra is not False:
-            extra_value = self.value(extra, join_pointer(pointer, "additionalProperties"), refs)
+            extra_value = inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
             if extra_value != fa.NOTHING:
                 key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in declared))) if declared else ANY_TEXT
                 if names_expr is not None:
                     key_text = fa.intersect(key_text, names_expr)
-                extra_member = fa.concat(encode_string(key_text), self.colon, extra_value)
+                extra_member = syntax.member(syntax.extra_key(key_text), extra_value)
         n_req = sum(1 for _, r in members if r)
         if max_p is not None and n_req > max_p:
             return fa.NOTHING
         counted = min_p > 0 or max_p is not None
         body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
-        return fa.concat(fa.literal(b"{"), body, fa.literal(b"}"))
+        return fa.concat(syntax.obj_open, body, syntax.obj_close)
 
     def property_names(self, names_schema: Any, pointer: str) -> fa.Expr:
         if names_schema is False:
@@ -687,12 +879,12 @@ class _Compiler:
         # Built back to front: after(i, any) = what may follow once slots < i are settled,
         # `any` telling whether a member was already written (so the next one needs a comma).
         n = len(members)
-        after_none: fa.Expr = fa.EMPTY if extra is None else fa.optional(fa.concat(extra, fa.repeat(fa.concat(self.comma, extra), 0)))
-        after_some: fa.Expr = fa.EMPTY if extra is None else fa.repeat(fa.concat(self.comma, extra), 0)
+        after_none: fa.Expr = fa.EMPTY if extra is None else fa.optional(fa.concat(extra, fa.repeat(fa.concat(self.syntax.member_sep, extra), 0)))
+        after_some: fa.Expr = fa.EMPTY if extra is None else fa.repeat(fa.concat(self.syntax.member_sep, extra), 0)
         for i in range(n - 1, -1, -1):
             member, is_required = members[i]
             take_none = fa.concat(member, after_some)
-            take_some = fa.concat(self.comma, member, after_some)
+            take_some = fa.concat(self.syntax.member_sep, member, after_some)
             if is_required:
                 after_none, after_some = take_none, take_some
             else:
@@ -721,9 +913,9 @@ class _Compiler:
             if extra is None or (max_p is not None and c >= max_p):
                 result = done
             elif max_p is None and c == cap:
-                result = fa.repeat(fa.concat(self.comma, extra), 0) if ok(c) else fa.NOTHING
+                result = fa.repeat(fa.concat(self.syntax.member_sep, extra), 0) if ok(c) else fa.NOTHING
             else:
-                sep = self.comma if c > 0 else fa.EMPTY
+                sep = self.syntax.member_sep if c > 0 else fa.EMPTY
                 result = fa.union(done, fa.concat(sep, extra, extras(bump(c))))
             extra_tail[c] = result
             return result
@@ -736,7 +928,7 @@ class _Compiler:
                 if max_p is not None and c >= max_p:
                     take = fa.NOTHING
                 else:
-                    sep = self.comma if c > 0 else fa.EMPTY
+                    sep = self.syntax.member_sep if c > 0 else fa.EMPTY
                     take = fa.concat(sep, member, after[bump(c)])
                 nxt[c] = take if is_required else fa.union(take, after[c])
             after = nxt
