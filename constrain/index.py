@@ -16,6 +16,10 @@ __all__ = ["TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_bu
 # Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
 _DENSE_RATIO = 4
 
+# `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
+# some byte is not a token), and `token_min_budget` of a token that no budget allows.
+NO_COMPLETION = 2**31 - 1
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Byte trie of a vocabulary (independent of any DFA, cached per vocabulary fingerprint)
@@ -191,6 +195,19 @@ class TokenIndex:
     After EOS the sequence is finished: the mask then allows exactly the EOS ids (so a batch can keep padding a
     finished row with EOS) and `TokenState.advance` accepts only EOS ids.
 
+    Token budgets. `min_tokens(s)` is the exact fewest tokens of this vocabulary (a multi-byte token counts 1, a
+    grammar-named special token counts 1) that take state `s` to an accepting state; 0 if `s` accepts. A budget `B`
+    is the number of tokens still allowed including the next one; with it, a non-EOS token `t` is allowed iff it is
+    allowed without a budget and `min_tokens(state after t) <= B - 1`. **EOS is free**: it is not counted, and it is
+    allowed iff the state accepts, whatever the budget — generation cut at `max_tokens` in an accepting state is a
+    complete output. A server that wants the EOS itself inside `max_tokens` passes `B = max_tokens - generated - 1`
+    (and requires `max_tokens >= min_tokens_from_start() + 1`). Guarantee: from any state `s` and budget
+    `B >= min_tokens(s)`, every token sequence drawn from the budgeted masks (the budget falling by one per token)
+    reaches an accepting state within `B` tokens, and the budgeted mask is never empty before it does. The table of
+    `min_tokens` costs one trie walk per state (what `eager=True` does anyway, and then it is built at construction);
+    a lazy index builds it on the first budget or `min_tokens` call. A budgeted mask equals the unbudgeted one, and is
+    the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
+
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
     use (idempotently) and deduplicated, so equal masks share one row of `mask_table()`.
 
@@ -215,6 +232,7 @@ class TokenIndex:
         self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
         self._table_cache: np.ndarray | None = None
         self._row_of[self._n_states] = self._insert_row(self._finished_mask())
+        self._budget_init(None)
         if self._eager:
             self._fill_all()
 
@@ -261,6 +279,8 @@ class TokenIndex:
         ds = trie.depth_start
         self._cls_by_depth = [self._node_cls[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         self._parent_by_depth = [trie.parent_local[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
+        # Per depth, the local offsets of nodes that end some token: where a walk's destination states are read.
+        self._term_local_by_depth = [np.flatnonzero(trie.term_count[ds[d] : ds[d + 1]]) for d in range(trie.max_depth)]
         self._eos = tuple(sorted({int(t) for t in vocab.eos_ids if 0 <= t < self._n_tokens}))
         self._eos_arr = np.asarray(self._eos, dtype=np.intp)
         self._special_cls = {t: int(class_of[256 + i]) for i, t in enumerate(specials)}
@@ -283,6 +303,9 @@ class TokenIndex:
                 "eager": self._eager,
                 "rows": list(self._rows),
                 "row_of": list(self._row_of),
+                "budget": None
+                if self._min_tokens is None
+                else (self._min_tokens, self._horizon, dict(self._budget_rows)),
             }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -297,6 +320,7 @@ class TokenIndex:
             self._insert_row(np.array(row, dtype=np.int32))
         self._row_of = list(state["row_of"])
         self._table_cache = None
+        self._budget_init(state.get("budget"))
 
     # ---- public surface
 
@@ -324,25 +348,30 @@ class TokenIndex:
         """A fresh cursor at the DFA's start state (nothing generated yet)."""
         return TokenState(self, int(self._dfa.start))
 
-    def mask_for_state(self, state: int) -> np.ndarray:
+    def mask_for_state(self, state: int, budget: int | None = None) -> np.ndarray:
         """The packed mask of DFA state `state` (read-only int32 [n_words]); computes and caches it on first use.
 
-        `state == dfa.n_states` gives the finished pseudo-state's mask (EOS ids only).
+        `state == dfa.n_states` gives the finished pseudo-state's mask (EOS ids only). With `budget` (tokens still
+        allowed, including this one), tokens after which no completion fits in `budget - 1` more are cleared (see
+        the class docstring).
 
         Raises:
-            InternalError: `state` is outside `0 ..= dfa.n_states`.
+            InternalError: `state` is outside `0 ..= dfa.n_states`, or `budget` is negative.
         """
-        return self._rows[self.row_for_state(state)]
+        return self._rows[self.row_for_state(state, budget)]
 
-    def row_for_state(self, state: int) -> int:
-        """The row of `mask_table()` holding `state`'s mask; `dfa.n_states` stands for the finished pseudo-state.
+    def row_for_state(self, state: int, budget: int | None = None) -> int:
+        """The row of `mask_table()` holding `state`'s mask (under `budget`, if given); `dfa.n_states` stands for the
+        finished pseudo-state.
 
         Raises:
-            InternalError: `state` is outside `0 ..= dfa.n_states`.
+            InternalError: `state` is outside `0 ..= dfa.n_states`, or `budget` is negative.
         """
         row_of = self._row_of
         if not 0 <= state < len(row_of):  # also rejects the dead state -1 instead of wrapping around
             raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
+        if budget is not None and budget < self._budget_tables()[2][state]:
+            return self._budget_row(state, budget)
         row = row_of[state]
         if row >= 0:
             return row
@@ -352,8 +381,57 @@ class TokenIndex:
                 row_of[state] = self._insert_row(mask)
             return row_of[state]
 
+    def min_tokens(self, state: int) -> int:
+        """The exact fewest tokens of this vocabulary that take DFA state `state` to an accepting state.
+
+        0 if `state` accepts (and for the finished pseudo-state `dfa.n_states`); EOS is not counted. Builds the
+        per-index table on first use (one trie walk per state not walked yet).
+
+        Raises:
+            InternalError: `state` is outside `0 ..= dfa.n_states`, or no token sequence of this vocabulary completes
+                from it (only possible when some byte is not a token).
+        """
+        self._check_state(state)
+        n = int(self._budget_tables()[0][state])
+        if n == NO_COMPLETION:
+            raise InternalError(f"no sequence of this vocabulary's tokens reaches acceptance from DFA state {state}")
+        return n
+
+    def min_tokens_from_start(self) -> int:
+        """`min_tokens(dfa.start)`: the least `max_tokens` (EOS not counted) for which a valid output exists.
+
+        Raises:
+            InternalError: no token sequence of this vocabulary is accepted.
+        """
+        return self.min_tokens(int(self._dfa.start))
+
+    def budget_horizon(self, state: int) -> int:
+        """The least budget from which `state`'s budgeted mask equals its unbudgeted one.
+
+        That is `max(min_tokens(state after t)) + 1` over the tokens `t` allowed there (EOS excluded); 0 when only
+        EOS is allowed, `NO_COMPLETION` when some allowed token leads to a state without completion.
+
+        Raises:
+            InternalError: `state` is outside `0 ..= dfa.n_states`.
+        """
+        self._check_state(state)
+        return int(self._budget_tables()[2][state])
+
+    def token_min_budget(self, state: int) -> np.ndarray:
+        """The least budget at which each token is allowed in `state` (int32 [vocab_size]).
+
+        Entry `t` is `min_tokens(state after t) + 1` for an allowed non-EOS token, 0 for an EOS id in an accepting
+        state, and `NO_COMPLETION` for a token never allowed there; so `token_min_budget(s) <= B` is exactly the
+        boolean view of `mask_for_state(s, B)`. Costs one trie walk (about a millisecond on 150k tokens); not cached.
+
+        Raises:
+            InternalError: `state` is outside `0 ..= dfa.n_states`.
+        """
+        self._check_state(state)
+        return self._token_costs(state)[: self._vocab_size].astype(np.int32)
+
     def mask_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """A snapshot of the distinct masks computed so far.
+        """A snapshot of the distinct masks computed so far (budgeted masks included, once asked for).
 
         Returns:
             `(table, state_rows)`: `table` is int32 [n_rows, n_words] (distinct rows); `state_rows` is int32
@@ -371,8 +449,9 @@ class TokenIndex:
         with self._lock:
             rows = len(self._rows) * self._n_words * 4
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
+            budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
         per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self._node_cls.nbytes) + 8 * len(self._row_of)
-        return rows + table + per_dfa
+        return rows + table + per_dfa + budget
 
     # ---- mask computation
 
@@ -393,29 +472,163 @@ class TokenIndex:
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
 
     def _fill_all(self) -> None:
-        # One state at a time: a 2-D walk over several states was measured slower (bench_index.py), because one
-        # string-content state in a batch forces the dense walk on the structural states beside it.
-        for s in range(self._n_states):
-            if self._row_of[s] < 0:
-                mask = self._compute_mask(s)
-                with self._lock:
-                    if self._row_of[s] < 0:
-                        self._row_of[s] = self._insert_row(mask)
+        # The min_tokens table walks every state and fills each missing row on the way: eager costs one walk per state.
+        self._budget_tables()
 
-    def _compute_mask(self, state: int) -> np.ndarray:
-        """The packed mask (int32 [n_words]) of one state, by walking the trie depth by depth.
+    def _check_state(self, state: int) -> None:
+        if not 0 <= state <= self._n_states:
+            raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
+
+    # ---- token budgets
+
+    def _budget_init(self, saved: tuple[np.ndarray, list[int], dict] | None) -> None:
+        self._budget_lock = threading.Lock()
+        self._min_tokens: np.ndarray | None = None  # int64 [n_states + 1]; last: the finished pseudo-state
+        self._min_tokens_list: list[int] = []
+        self._horizon: list[int] = []
+        self._budget_rows: dict[tuple[int, int], int] = {}  # (state, budget) -> row, only for budget < horizon
+        if saved is not None:
+            dist, horizon, rows = saved
+            self._horizon = list(horizon)
+            self._budget_rows = dict(rows)
+            self._min_tokens_list = np.asarray(dist).tolist()
+            self._min_tokens = np.array(dist, dtype=np.int64)
+            self._min_tokens.flags.writeable = False
+
+    def _destinations(self, state: int, walk: tuple) -> np.ndarray:
+        """The distinct DFA states that the allowed non-EOS tokens of `state` lead to."""
+        dense, sparse, _ = walk
+        term_count = self._trie.term_count
+        parts = [full[self._term_local_by_depth[d]] for d, full, _ in dense]
+        parts += [st[term_count[nodes] > 0] for nodes, st in sparse]
+        if self._special_cls_arr.shape[0]:
+            parts.append(self._tflat[state * self._n_classes + self._special_cls_arr])
+        if not parts:
+            return np.zeros(0, dtype=np.intp)
+        dests = np.unique(np.concatenate(parts))
+        return dests[dests >= 0].astype(np.intp)
+
+    def _budget_tables(self) -> tuple[np.ndarray, list[int], list[int]]:
+        """`(min_tokens, min_tokens_list, horizon)` over states `0 ..= n_states`, built once per index.
+
+        Exact token distances: one trie walk per state gives the distinct destination states of its tokens (the
+        state graph with one unit-weight edge per distinct destination); a backward breadth-first search from the
+        accepting states over that graph gives every state's fewest tokens.
+        """
+        if self._min_tokens is not None:
+            return self._min_tokens, self._min_tokens_list, self._horizon
+        with self._budget_lock:
+            if self._min_tokens is not None:
+                return self._min_tokens, self._min_tokens_list, self._horizon
+            n = self._n_states
+            dests: list[np.ndarray] = []
+            for s in range(n):
+                walk = self._walk(s)
+                dests.append(self._destinations(s, walk))
+                if self._row_of[s] < 0:
+                    mask = self._compute_mask(s, walk)
+                    with self._lock:
+                        if self._row_of[s] < 0:
+                            self._row_of[s] = self._insert_row(mask)
+            counts = np.fromiter((d.shape[0] for d in dests), dtype=np.intp, count=n)
+            src = np.repeat(np.arange(n, dtype=np.intp), counts)
+            dst = np.concatenate(dests) if n else np.zeros(0, np.intp)
+            dist = np.full(n + 1, NO_COMPLETION, dtype=np.int64)
+            dist[:n][self._accepting] = 0
+            dist[n] = 0
+            frontier = np.zeros(n, dtype=bool)
+            frontier[self._accepting] = True
+            level = 0
+            while True:
+                level += 1
+                reached = src[frontier[dst]]
+                reached = reached[dist[reached] == NO_COMPLETION]
+                if not reached.shape[0]:
+                    break
+                dist[reached] = level
+                frontier[:] = False
+                frontier[reached] = True
+            horizon = np.zeros(n + 1, dtype=np.int64)
+            if dst.shape[0]:
+                # Max over each state's destinations (+1); NO_COMPLETION stays NO_COMPLETION.
+                has = counts > 0
+                starts = (np.cumsum(counts) - counts)[has]  # strictly increasing: reduceat needs no empty segment
+                worst = np.maximum.reduceat(dist[dst], starts)
+                horizon[:n][has] = np.minimum(worst + 1, NO_COMPLETION)
+            dist.flags.writeable = False
+            self._horizon = horizon.tolist()
+            self._min_tokens_list = dist.tolist()
+            self._min_tokens = dist
+            return dist, self._min_tokens_list, self._horizon
+
+    def _token_costs(self, state: int) -> np.ndarray:
+        """int64 [n_words * 32]: the least budget at which each token is allowed in `state` (see token_min_budget)."""
+        dist = self._budget_tables()[0]
+        cost = np.full(self._n_words * 32, NO_COMPLETION, dtype=np.int64)
+        if state == self._n_states:
+            cost[self._eos_arr] = 0
+            return cost
+        trie = self._trie
+        ds = trie.depth_start
+        dense, sparse, _ = self._walk(state)
+        node_state = np.full(trie.n_nodes, -1, dtype=np.intp)
+        for d, full, _ in dense:
+            node_state[ds[d] : ds[d + 1]] = full
+        for nodes, st in sparse:
+            node_state[nodes] = st
+        tok_state = node_state[trie.term_node]
+        live = tok_state >= 0
+        cost[trie.term_tokens[live]] = np.minimum(dist[tok_state[live]] + 1, NO_COMPLETION)
+        if self._special_ids_arr.shape[0]:
+            nxt = self._tflat[state * self._n_classes + self._special_cls_arr]
+            ok = nxt >= 0
+            cost[self._special_ids_arr[ok]] = np.minimum(dist[nxt[ok]] + 1, NO_COMPLETION)
+        if self._eos and self._accepting[state]:
+            cost[self._eos_arr] = 0  # EOS is free (and wins over a special transition on the same id)
+        return cost
+
+    def _budget_row(self, state: int, budget: int) -> int:
+        """The row of `state`'s mask under `budget`, for `budget` below the state's horizon."""
+        if budget < 0:
+            raise InternalError(f"budget must be >= 0 tokens, got {budget}")
+        key = (state, budget)
+        row = self._budget_rows.get(key)
+        if row is not None:
+            return row
+        cost = self._token_costs(state)
+        allowed = cost <= budget
+        mask = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        # Every budget between the largest cost <= budget and the next cost gives this same mask: register them all.
+        below = cost[allowed]
+        lo = int(below.max()) if below.shape[0] else 0
+        above = cost[~allowed]
+        hi = int(above.min()) if above.shape[0] else budget + 1
+        hi = min(hi, self._horizon[state], budget + 256)  # bounded even when the horizon is NO_COMPLETION
+        with self._lock:
+            row = self._insert_row(mask)
+            for b in range(lo, max(hi, budget + 1)):
+                self._budget_rows[(state, b)] = row
+        return row
+
+    def _walk(self, state: int) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]], int]:
+        """The live trie nodes of one state, by walking the trie depth by depth.
 
         A depth is walked densely (every node: two gathers each) while many nodes stay alive, and sparsely (only the
         children of live nodes, a ragged expansion) once few do; a state where few first bytes survive therefore
         costs a handful of tiny numpy ops, and a string-content state costs about two gathers per trie node.
+
+        Returns:
+            `(dense, sparse, n_alive)`: `dense` holds `(depth, states, ok)` for densely walked depths (`states` the
+            DFA state after every node of the depth, -1 dead; `ok = states >= 0`); `sparse` holds `(nodes, states)`,
+            the live global node ids of a sparsely walked depth and their DFA states.
         """
         trie = self._trie
         tflat, n_classes = self._tflat, self._n_classes
         ds = trie.depth_start
         full = tflat[state * n_classes + self._cls_by_depth[0]] if trie.max_depth else None
         node = st = None
-        dense_alive: list[tuple[int, np.ndarray]] = []
-        sparse_nodes: list[np.ndarray] = []
+        dense: list[tuple[int, np.ndarray, np.ndarray]] = []
+        sparse: list[tuple[np.ndarray, np.ndarray]] = []
         n_alive = 0
         for d in range(trie.max_depth):
             n_here = ds[d + 1] - ds[d]
@@ -423,10 +636,10 @@ class TokenIndex:
                 ok = full >= 0
                 m = int(np.count_nonzero(ok))
                 if m:
-                    dense_alive.append((d, ok))
+                    dense.append((d, full, ok))
             else:
                 m = int(node.shape[0])
-                sparse_nodes.append(node)
+                sparse.append((node, st))
             n_alive += m
             if m == 0 or d + 1 == trie.max_depth:
                 break
@@ -454,17 +667,23 @@ class TokenIndex:
             nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
             keep = nxt >= 0
             node, st = child[keep], nxt[keep]
+        return dense, sparse, n_alive
 
+    def _compute_mask(self, state: int, walk: tuple | None = None) -> np.ndarray:
+        """The packed mask (int32 [n_words]) of one state (from `walk`, the state's `_walk`, when already done)."""
+        trie = self._trie
+        ds = trie.depth_start
+        dense, sparse, n_alive = self._walk(state) if walk is None else walk
         allowed = np.zeros(self._n_words * 32, dtype=bool)
         if n_alive * _DENSE_RATIO >= trie.term_tokens.shape[0]:
             alive = np.zeros(trie.n_nodes, dtype=bool)
-            for d, ok in dense_alive:
+            for d, _, ok in dense:
                 alive[ds[d] : ds[d + 1]] = ok
-            for nodes in sparse_nodes:
+            for nodes, _ in sparse:
                 alive[nodes] = True
             allowed[trie.term_tokens] = alive[trie.term_node]
         elif n_alive:
-            nodes = np.concatenate(sparse_nodes + [np.flatnonzero(ok) + ds[d] for d, ok in dense_alive])
+            nodes = np.concatenate([n for n, _ in sparse] + [np.flatnonzero(ok) + ds[d] for d, _, ok in dense])
             tc = trie.term_count[nodes]
             has = tc > 0
             nodes, tc = nodes[has], tc[has]
@@ -475,7 +694,7 @@ class TokenIndex:
         if self._eos and self._accepting[state]:
             allowed[self._eos_arr] = True
         if self._special_ids_arr.shape[0]:
-            live = tflat[state * n_classes + self._special_cls_arr] >= 0
+            live = self._tflat[state * self._n_classes + self._special_cls_arr] >= 0
             allowed[self._special_ids_arr[live]] = True
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
@@ -515,23 +734,34 @@ class TokenState:
         """Whether the bytes fed so far form a complete match (always true once finished)."""
         return self._finished or self._index._acc_list[self._state]
 
-    def mask_row(self) -> int:
-        """The row of `index.mask_table()` that holds this cursor's mask (computing it if needed)."""
+    def mask_row(self, budget: int | None = None) -> int:
+        """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
-        return idx.row_for_state(idx._n_states if self._finished else self._state)
+        return idx.row_for_state(idx._n_states if self._finished else self._state, budget)
 
-    def mask(self) -> np.ndarray:
-        """The packed mask of allowed next tokens: read-only int32 [n_words], bit `t % 32` of word `t // 32`."""
+    def mask(self, budget: int | None = None) -> np.ndarray:
+        """The packed mask of allowed next tokens: read-only int32 [n_words], bit `t % 32` of word `t // 32`.
+
+        Args:
+            budget: tokens still allowed to be generated, including this one (EOS not counted, see `TokenIndex`);
+                None for no limit. At or above the state's `budget_horizon` this returns the unbudgeted row itself;
+                the first budget asked of a lazy index builds its `min_tokens` table.
+
+        Raises:
+            InternalError: `budget` is negative.
+        """
         idx = self._index
         s = idx._n_states if self._finished else self._state
+        if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
+            return idx._rows[idx._budget_row(s, budget)]
         row = idx._row_of[s]
         if row < 0:
             row = idx.row_for_state(s)
         return idx._rows[row]
 
-    def allowed_token_ids(self) -> np.ndarray:
-        """The allowed next token ids, ascending (int64)."""
-        bits = np.unpackbits(self.mask().view(np.uint8), bitorder="little")
+    def allowed_token_ids(self, budget: int | None = None) -> np.ndarray:
+        """The allowed next token ids under `budget` (as in `mask`), ascending (int64)."""
+        bits = np.unpackbits(self.mask(budget).view(np.uint8), bitorder="little")
         return np.flatnonzero(bits)
 
     def fork(self) -> TokenState:
@@ -540,19 +770,27 @@ class TokenState:
 
     __copy__ = fork
 
-    def advance(self, token_id: int) -> None:
+    def advance(self, token_id: int, budget: int | None = None) -> None:
         """Feed one token, in O(its byte length).
 
-        Resolution order, matching the mask: a token named by the DFA takes its symbol's transition when live; else an
-        EOS id in an accepting state finishes the sequence; else a byte token walks its bytes. Once finished, an EOS id
-        is accepted and changes nothing.
+        Resolution order, matching the mask: a token named by the DFA takes its symbol's transition when live (and,
+        under a budget, when the completion after it fits); else an EOS id in an accepting state finishes the
+        sequence; else a byte token walks its bytes. Once finished, an EOS id is accepted and changes nothing.
+
+        Args:
+            token_id: the sampled token.
+            budget: as in `mask`: tokens still allowed including this one. When given, the token is also checked
+                against the budget (`min_tokens` of the state after it must be at most `budget - 1`; EOS is free).
 
         Raises:
-            MaskViolation: the token is not allowed here (its mask bit is 0). The cursor is unchanged. The error
-                carries `token_id`, `token_bytes` (None for an id outside the tokenizer) and `dfa_state`.
+            MaskViolation: the token is not allowed here (its bit in `mask(budget)` is 0). The cursor is unchanged.
+                The error carries `token_id`, `token_bytes` (None for an id outside the tokenizer) and `dfa_state`.
+            InternalError: `budget` is negative.
         """
         idx = self._index
         t = int(token_id)
+        if budget is not None and budget < 0:
+            raise InternalError(f"budget must be >= 0 tokens, got {budget}")
         if self._finished:
             if t in idx._eos_set:
                 return
@@ -563,14 +801,17 @@ class TokenState:
         cls = idx._special_cls.get(t)
         if cls is not None:
             nxt = idx._tr_list[s][cls]
-            if nxt >= 0:
+            if nxt >= 0 and (budget is None or self._fits(nxt, budget)):
                 self._state = nxt
                 return
         if t in idx._eos_set:
             if idx._acc_list[s]:
                 self._finished = True
                 return
-            self._violation(t, "EOS in a non-accepting state")
+            if cls is None or idx._tr_list[s][cls] < 0:
+                self._violation(t, "EOS in a non-accepting state")
+        if cls is not None and idx._tr_list[s][cls] >= 0:
+            self._over_budget(t, idx._tr_list[s][cls], budget)
         if t in idx._non_byte:
             self._violation(t, "a special token that the grammar does not allow here")
         data = idx._vocab.token_bytes[t]
@@ -581,7 +822,18 @@ class TokenState:
             s = tr[s][cl[b]]
             if s < 0:
                 self._violation(t, f"the automaton dies on byte {b:#04x}")
+        if budget is not None and not self._fits(s, budget):
+            self._over_budget(t, s, budget)
         self._state = s
+
+    def _fits(self, state: int, budget: int) -> bool:
+        idx = self._index
+        return (idx._min_tokens_list or idx._budget_tables()[1])[state] <= budget - 1
+
+    def _over_budget(self, token_id: int, state: int, budget: int) -> None:
+        need = (self._index._min_tokens_list or self._index._budget_tables()[1])[state]
+        left = "no completion" if need == NO_COMPLETION else f"at least {need} more tokens to go"
+        self._violation(token_id, f"it leaves {left} with a budget of {budget} tokens (this one included)")
 
     def _violation(self, token_id: int, why: str) -> None:
         idx = self._index
