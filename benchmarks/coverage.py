@@ -12,6 +12,8 @@ import argparse
 import collections
 import json
 import platform
+import random
+import signal
 import statistics
 import sys
 import time
@@ -65,15 +67,47 @@ def print_reasons(results: dict, n: int = 15) -> None:
             print(f"  {v:12} {cid} #{iid}")
 
 
-def token_level(cases: list, results: dict, n_cases: int = 20, walks: int = 5) -> None:
-    """Walk random accepted texts of compiled schemas through the token index with the Llama 3 tokenizer."""
-    try:
-        from constrain.compiler import compile_json_schema  # noqa: F401
-        import assets  # tests/assets.py
-    except ImportError as err:
-        print(f"\n--token-level: not available yet ({err})")
-        return
-    print("\n--token-level: see tests/test_corpus.py::test_token_walks_llama3 (shares its body)")
+def token_level(cases: list, results: dict, n_cases: int = 40, walks: int = 5) -> None:
+    """Llama 3 vocabulary: real tokenizations of valid canonical instances must pass the masks; random token walks
+    must decode to valid instances. On a seeded sample of the compiled schemas that have instances."""
+    from constrain import assets
+    from constrain.compiler import compile_json_schema
+    from constrain.vocabulary import Vocabulary
+    from transformers import AutoTokenizer
+
+    path = assets.gguf_path("llama-bpe")
+    vocab = Vocabulary.from_gguf(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    rng = random.Random(0)
+    pool = [c for c in cases if results[c.id]["status"] == "compiled" and c.instances]
+    counts = collections.Counter()
+    for case in rng.sample(pool, min(n_cases, len(pool))):
+        index = compile_json_schema(case.schema, vocab, cache=None)
+        oracle = corpus.validator(case.schema, case.draft)
+        writer = corpus.CanonicalWriter(case.schema, oracle=oracle)
+        for inst in case.instances:
+            if results[case.id]["instances"].get(inst.id) != "agree" or not oracle.is_valid(inst.data):
+                continue
+            ids = tokenizer.encode(writer.text(inst.data).decode(), add_special_tokens=False)
+            counts["tokenized accepted" if corpus.token_accepts(index, ids) else "tokenized REJECTED"] += 1
+        for _ in range(walks):
+            ids, finished = corpus.token_walk(index, rng)
+            try:
+                ok = finished and oracle.is_valid(json.loads(vocab.decode(ids)))
+            except ValueError:
+                ok = False
+            counts["walk valid" if ok else "walk INVALID"] += 1
+    print(f"\ntoken level (Llama 3, {min(n_cases, len(pool))} schemas): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+def _progress(name: str, checkpoint: Path | None):
+    def report(results: dict, total: int) -> None:
+        if len(results) % 50 == 0 or len(results) == total:
+            print(f"  {name}: {len(results)}/{total}", file=sys.stderr, flush=True)
+            if checkpoint is not None:
+                checkpoint.write_text(json.dumps({"corpus": name, "total": total, "results": results}, default=str))
+
+    return report
 
 
 def main() -> int:
@@ -84,7 +118,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write the per-schema results and environment here")
     ap.add_argument("--token-level", action="store_true")
+    ap.add_argument("--checkpoint", type=Path, help="rewrite the results so far here every 50 schemas (JSON)")
+    ap.add_argument("--shuffle", action="store_true", help="run the schemas in a seeded random order (so a checkpoint is a fair sample)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the worker pool's cleanup runs
     if args.update and args.quick:
         ap.error("--update needs the full corpus (drop --quick)")
 
@@ -94,8 +131,10 @@ def main() -> int:
         cases = corpus.CORPORA[name]()
         if args.quick:
             cases = corpus.sample(cases, 3)
+        if args.shuffle:
+            random.Random(0).shuffle(cases)
         start = time.monotonic()
-        results = corpus.run_cases(cases, workers=args.workers)
+        results = corpus.run_cases(cases, workers=args.workers, progress=_progress(name, args.checkpoint))
         print_table(f"{name}: {len(cases)} schemas in {time.monotonic() - start:.0f} s", cases, results)
         print_reasons(results)
         crashes = [cid for cid, r in results.items() if r["status"] in ("crash", "hang")]

@@ -415,8 +415,11 @@ def _worker(conn: multiprocessing.connection.Connection, options: dict | None) -
 
 
 def run_cases(cases: list[Case], workers: int = 2, options: dict | None = None, hard_timeout_s: float = HARD_TIMEOUT_S,
-              progress: Callable[[int, int], None] | None = None) -> dict[str, dict]:
-    """`run_case` on every case in `workers` forked processes; a process past `hard_timeout_s` is killed (status 'hang')."""
+              progress: Callable[[dict[str, dict], int], None] | None = None) -> dict[str, dict]:
+    """`run_case` on every case in `workers` forked processes; a process past `hard_timeout_s` is killed (status 'hang').
+
+    `progress(results so far, total)` is called after each case (for progress lines and checkpoints).
+    """
     global _CASES
     _CASES = cases
     ctx = multiprocessing.get_context("fork")
@@ -458,7 +461,7 @@ def run_cases(cases: list[Case], workers: int = 2, options: dict | None = None, 
                     results[cases[i].id] = result
                     feed(s)
                     if progress:
-                        progress(len(results), len(cases))
+                        progress(results, len(cases))
                 elif time.monotonic() - s["since"] > hard_timeout_s:
                     s["proc"].kill()
                     s["proc"].join()
@@ -593,6 +596,52 @@ def walk_violations(schema: Any, dfa: Any, n: int, seed: int = 0, draft: str | N
         if errors:
             bad.append(f"invalid ({errors[0][:120]}): {text[:200]!r}")
     return bad
+
+
+def token_walk(index: Any, rng: random.Random, soft_len: int = 60, hard_len: int = 400) -> tuple[list[int], bool]:
+    """Random token ids allowed by `index`'s masks, ending with EOS: uniform over allowed tokens, EOS with
+    probability 0.3 where accepting; past `soft_len` tokens, the candidate leaving the fewest bytes to acceptance.
+    Returns (ids without EOS, whether EOS was reached)."""
+    from constrain import automaton as fa
+
+    vocab, dfa = index.vocab, index.dfa
+    eos = set(vocab.eos_ids)
+    dist = fa.shortest_distances(dfa)
+    # byte-level vocabularies have a token for every byte: closing along shortest paths always has a candidate
+    single = [t for t, b in enumerate(vocab.token_bytes) if len(b) == 1 and t not in vocab.special_ids]
+    st, ids = index.start(), []
+    while len(ids) < hard_len:
+        allowed = st.allowed_token_ids()
+        pool = [int(t) for t in allowed if int(t) not in eos]
+        closing = len(ids) >= soft_len
+        if st.is_accepting() and (not pool or closing or rng.random() < 0.3):
+            st.advance(next(int(t) for t in allowed if int(t) in eos))
+            return ids, True
+        if not closing:
+            tok = rng.choice(pool)
+        else:
+            ok = set(allowed.tolist())
+            picks = [rng.choice(pool) for _ in range(16)] + [t for t in single if t in ok]
+            tok = min(picks, key=lambda t: dist[dfa.step(st.dfa_state, vocab.token_bytes[t])])
+        st.advance(tok)
+        ids.append(tok)
+    return ids, False
+
+
+def token_accepts(index: Any, ids: list[int]) -> bool:
+    """Whether the masks allow `ids` one by one and the text ends accepting (then EOS is allowed too)."""
+    from constrain import MaskViolation
+
+    st = index.start()
+    try:
+        for tok in ids:
+            st.advance(tok)
+        if not st.is_accepting():
+            return False
+        st.advance(index.vocab.eos_ids[0])
+    except MaskViolation:
+        return False
+    return True
 
 
 def summarize(cases: list[Case], results: dict[str, dict]) -> dict[str, dict]:
