@@ -406,10 +406,11 @@ class TokenIndex:
         return self.min_tokens(int(self._dfa.start))
 
     def budget_horizon(self, state: int) -> int:
-        """The least budget from which `state`'s budgeted mask equals its unbudgeted one.
+        """A budget from which on `state`'s budgeted mask is its unbudgeted one (the same cached row).
 
-        That is `max(min_tokens(state after t)) + 1` over the tokens `t` allowed there (EOS excluded); 0 when only
-        EOS is allowed, `NO_COMPLETION` when some allowed token leads to a state without completion.
+        That is `max(min_tokens(state after t)) + 1` over the token transitions `t` out of `state` (EOS excluded);
+        0 when only EOS is allowed, `NO_COMPLETION` when some allowed token leads to a state without completion.
+        It is the least such budget unless the worst transition is on a grammar-named special id that is also EOS.
 
         Raises:
             InternalError: `state` is outside `0 ..= dfa.n_states`.
