@@ -133,14 +133,14 @@ class XGrammar:
         schema = w.single_schema
         if schema is not None:
             return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"),
-                                                     strict_mode=True)
+                                                     strict_mode=False)
         parts = []
         for p in w.parts:
             if isinstance(p, Literal):
                 parts.append(xgr.Grammar.from_ebnf("root ::= " + json.dumps(p.text)))
             else:
                 parts.append(xgr.Grammar.from_json_schema(json.dumps(p.schema), any_whitespace=False,
-                                                          separators=(",", ":"), strict_mode=True))
+                                                          separators=(",", ":"), strict_mode=False))
         return self.compiler.compile_grammar(xgr.Grammar.concat(*parts))
 
     def matcher(self, compiled):
@@ -492,6 +492,51 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
     return res
 
 
+_IMPORTS = {"xgrammar": ("xgrammar",), "llguidance": ("llguidance", "llguidance.numpy"),
+            "outlines": ("outlines_core", "outlines_core.json_schema"), "constrain": ()}
+CLASSES: dict[str, type] = {"constrain": Constrain, "xgrammar": XGrammar, "llguidance": LLGuidance,
+                            "outlines": Outlines}
+
+
+def peer_tokens_of(vocab: Vocabulary) -> list[bytes]:
+    non_byte = set(vocab.special_ids) | set(vocab.eos_ids)
+    return [b"" if i in non_byte else data for i, data in enumerate(vocab.token_bytes)]
+
+
+def prepare_timed(name: str, vocab: Vocabulary, peer_tokens: list[bytes]) -> tuple[Any, dict]:
+    """Prepare an engine for a vocabulary (its modules already imported): (engine, {s, rss})."""
+    eng = CLASSES[name]()
+    gc.collect()
+    base = rss()
+    t0 = time.perf_counter()
+    eng.prepare(vocab) if name == "constrain" else eng.prepare(vocab, peer_tokens)
+    out = {"s": time.perf_counter() - t0, "rss": rss() - base}
+    if name == "constrain":
+        out["trie_nbytes"] = eng.trie.nbytes
+    return eng, out
+
+
+def prep_child(vlabel: str, name: str) -> None:
+    """--prep-child: one engine's preprocessing in a fresh process (RSS deltas are meaningless after other runs)."""
+    import importlib
+
+    for mod in _IMPORTS[name]:
+        importlib.import_module(mod)
+    vocab = load_vocab(vlabel)
+    tokens = peer_tokens_of(vocab)
+    _, out = prepare_timed(name, vocab, tokens)
+    print(json.dumps(out))
+
+
+def prep_fresh(vlabel: str, name: str) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--prep-child", vlabel, name], capture_output=True,
+                              text=True, timeout=300)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception as err:  # noqa: BLE001
+        return {"error": repr(err)[:200]}
+
+
 def env_info(vocabs: dict[str, Vocabulary]) -> dict:
     from importlib.metadata import version
 
@@ -535,13 +580,16 @@ def fmt_ratio(peer: float | None, ours: float | None) -> str:
 
 def print_tables(prep: dict, results: list[dict], engines: list[str]) -> None:
     peers = [e for e in engines if e != "constrain"]
-    print("\n## Tokenizer preprocessing (once per vocabulary). constrain absolute; peers as peer/constrain")
+    print("\n## Tokenizer preprocessing (once per vocabulary, fresh process each). constrain absolute; peer/constrain")
     print("| vocab | constrain s | constrain RSS MiB | " + " | ".join(f"{p} time | {p} RSS" for p in peers) + " |")
     print("|---" * (3 + 2 * len(peers)) + "|")
     for v, d in prep.items():
         o = d["constrain"]
-        cells = [f"{fmt_ratio(d[p]['s'], o['s'])} | {fmt_ratio(d[p]['rss'], o['rss'])}" if p in d else "- | -"
-                 for p in peers]
+        if "s" not in o:
+            print(f"| {v} | {o} |")
+            continue
+        cells = [f"{fmt_ratio(d[p].get('s'), o['s'])} | {fmt_ratio(d[p].get('rss'), o['rss'])}" if p in d
+                 else "- | -" for p in peers]
         print(f"| {v} | {o['s']:.3f} | {mib(o['rss'])} | " + " | ".join(cells) + " |")
     metrics = (("ttfm_s", "time to first mask", 1e3, "ms"), ("p50_us", "per-token p50", 1, "us"),
                ("p99_us", "per-token p99", 1, "us"), ("max_us", "per-token max", 1, "us"),
@@ -593,7 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--json", default=None, help="default benchmarks/results/bench_engine[_quick].json")
+    ap.add_argument("--prep-child", nargs=2, metavar=("VOCAB", "ENGINE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.prep_child:
+        prep_child(*args.prep_child)
+        return 0
     args.samples = args.samples or (2 if args.quick else 4)
     args.soft, args.hard, args.check_steps = (24, 200, 12) if args.quick else (64, 600, 24)
     vlabels = (args.vocabs or ("llama3" if args.quick else "llama3,qwen3,gemma4")).split(",")
@@ -602,27 +654,25 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.workloads.split(",")
         wl = [w for w in wl if w.name in wanted]
     names = args.engines.split(",")
-    classes = {"constrain": Constrain, "xgrammar": XGrammar, "llguidance": LLGuidance, "outlines": Outlines}
+    import importlib
+
+    for n in names:
+        for mod in _IMPORTS[n]:
+            importlib.import_module(mod)  # imports are not preprocessing
     t_start = time.perf_counter()
     vocabs: dict[str, Vocabulary] = {}
     prep: dict[str, dict] = {}
     results: list[dict] = []
     for vl in vlabels:
         vocab = vocabs[vl] = load_vocab(vl)
-        non_byte = set(vocab.special_ids) | set(vocab.eos_ids)
-        peer_tokens = [b"" if i in non_byte else data for i, data in enumerate(vocab.token_bytes)]
+        peer_tokens = peer_tokens_of(vocab)
         engines = {}
         prep[vl] = {}
         for n in names:
-            eng = classes[n]()
-            gc.collect()
-            base = rss()
-            t0 = time.perf_counter()
-            eng.prepare(vocab) if n == "constrain" else eng.prepare(vocab, peer_tokens)
-            prep[vl][n] = {"s": time.perf_counter() - t0, "rss": rss() - base}
-            if n == "constrain":
-                prep[vl][n]["trie_nbytes"] = eng.trie.nbytes
-            engines[n] = eng
+            # Time and RSS from a fresh process per engine; the in-process run (modules imported before) is kept too.
+            fresh = prep_fresh(vl, n)
+            engines[n], inproc = prepare_timed(n, vocab, peer_tokens)
+            prep[vl][n] = {**fresh, "s_inproc": inproc["s"]}
         print(f"# {vl}: n_tokens={vocab.n_tokens} vocab_size={vocab.vocab_size} prep "
               + ", ".join(f"{n} {d['s']:.2f}s/{mib(d['rss'])}MiB" for n, d in prep[vl].items()), file=sys.stderr)
         for w in wl:
