@@ -7,15 +7,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from constrain.errors import RequestError
+from constrain.errors import InvalidSchema, RequestError, join_pointer
 from constrain.protocol import (
-    _KNOWN_FIELDS,
+    REQUEST_FIELDS,
     AllowedToolsChoice,
     ChatRequest,
     NamedToolChoice,
     ResponseFormat,
     ToolSpec,
 )
+from constrain.schema import check_strict
 
 __all__ = ["MAX_PARALLEL_CALLS", "Policy", "ResponseFormat", "ToolSpec"]
 
@@ -93,7 +94,7 @@ class Policy:
             RequestError / InvalidSchema: an invalid field, with its `pointer` and OpenAI `code`
                 (see `ChatRequest.from_body` and `from_chat_request`).
         """
-        unknown = sorted(set(fields) - _KNOWN_FIELDS)
+        unknown = sorted(set(fields) - REQUEST_FIELDS)
         if unknown:
             raise TypeError(f"Policy.from_request() got unknown request fields {unknown}")
         if body is not None and not isinstance(body, Mapping):
@@ -109,9 +110,13 @@ class Policy:
         "none" and "auto" without tools mean no call (accepted: harmless); "required", a named function or
         `allowed_tools` without tools are rejected.
         Raises:
+            InvalidSchema: a `strict` tool's parameters (code `invalid_function_parameters`, pointer into
+                `/tools/<i>/function/parameters`) or a strict `response_format` schema (`invalid_json_schema`,
+                into `/response_format/json_schema/schema`) outside OpenAI's strict subset.
             RequestError: code `invalid_value` at `/tool_choice` (needs tools), `/tool_choice/function/name`
                 (not a declared tool) or `/tool_choice/allowed_tools/tools/<i>/function/name` (not declared).
         """
+        _check_strict_schemas(request)
         tools = request.tools or ()
         names = [t.name for t in tools]
         choice = request.tool_choice if request.tool_choice is not None else ("auto" if tools else "none")
@@ -190,3 +195,18 @@ class Policy:
             if tool.name == name:
                 return tool
         raise KeyError(name)
+
+
+def _check_strict_schemas(request: ChatRequest) -> None:
+    """Strict schemas must be in OpenAI's strict subset: fail closed, never decode them non-strictly."""
+    for i, tool in enumerate(request.tools or ()):
+        if tool.strict:
+            check_strict(tool.parameters, join_pointer("/tools", i, "function", "parameters"))
+    fmt = request.response_format
+    if fmt is not None and fmt.strict and fmt.schema is not None:
+        try:
+            check_strict(fmt.schema, "/response_format/json_schema/schema")
+        except InvalidSchema as err:  # check_strict speaks for tools; response_format errors carry this code
+            raise InvalidSchema(
+                f"Invalid schema for response_format '{fmt.name}': {err.message}", pointer=err.pointer, code="invalid_json_schema"
+            ) from err

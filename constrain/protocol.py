@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from constrain.errors import InvalidSchema, RequestError, join_pointer, pointer_to_param
-from constrain.schema import check_strict
 
 ToolChoiceMode = Literal["none", "auto", "required"]
 
@@ -21,7 +20,9 @@ NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]+")
 MAX_NAME_LENGTH = 64
 MAX_TOOLS = 128  # OpenAI's documented limit on `tools`.
 MAX_STOP = 4  # OpenAI: "Up to 4 sequences".
+# Omitted `parameters` = an empty parameter list (OpenAI). Strict tools get the strict-subset spelling of it.
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+EMPTY_STRICT_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
 # OpenAI rejects these at the root of a function's parameters ("must have type 'object' and not have ...").
 ROOT_FORBIDDEN = ("oneOf", "anyOf", "allOf", "enum", "const", "not")
 
@@ -33,7 +34,8 @@ _PART_TYPES = {
     "assistant": ("text", "refusal"),
     "tool": ("text",),
 }
-_KNOWN_FIELDS = frozenset(
+# The top-level fields this stage reads; the rest are listed in `ChatRequest.ignored_fields`.
+REQUEST_FIELDS = frozenset(
     {
         "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens",
         "max_completion_tokens", "chat_template_kwargs", "stream", "stream_options", "n", "temperature", "top_p",
@@ -134,8 +136,9 @@ def freeze_json(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """One declared function tool. `parameters` is an immutable JSON Schema with an object root (omitted →
-    `{"type":"object","properties":{}}`); `strict` is False when omitted or null (Chat Completions default)."""
+    """One declared function tool. `parameters` is an immutable, well-formed JSON Schema with an object root
+    (omitted → `EMPTY_PARAMETERS`, or `EMPTY_STRICT_PARAMETERS` when strict); `strict` is False when omitted or null (Chat Completions
+    default); whether a strict schema is in OpenAI's strict subset is checked by `Policy`."""
 
     name: str
     parameters: FrozenDict
@@ -245,7 +248,8 @@ class ChatRequest:
             and OpenAI's `code`: `invalid_type`, `missing_required_parameter`, `invalid_value`, `empty_array`,
             `array_above_max_length`, `string_above_max_length`, `integer_below_min_value`,
             `decimal_below_min_value`, `decimal_above_max_value`, `unsupported_value`,
-            `invalid_function_parameters`, `invalid_json_schema`.
+            `invalid_function_parameters`, `invalid_json_schema` (ill-formed schemas; OpenAI's strict subset is
+            checked by `Policy`).
         """
         if not isinstance(body, dict):
             raise _invalid_type("", "an object", body)
@@ -292,7 +296,7 @@ class ChatRequest:
             if budget is not None and budget < 0:
                 raise _below_min("/chat_template_kwargs/thinking_budget", 0, budget)
             fields["thinking_budget"] = budget
-        fields["ignored_fields"] = tuple(k for k in body if k not in _KNOWN_FIELDS)
+        fields["ignored_fields"] = tuple(k for k in body if k not in REQUEST_FIELDS)
         return cls(**fields)
 
 
@@ -462,13 +466,11 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
         params = fn.get("parameters")
         pp = join_pointer(fp, "parameters")
         if params is None:
-            params = EMPTY_PARAMETERS
+            params = EMPTY_STRICT_PARAMETERS if strict else EMPTY_PARAMETERS
         else:
             _object(params, pp)
             _check_function_root(params, pp, name)
             _check_schema_shape(params, pp, "invalid_function_parameters")
-            if strict:
-                check_strict(params, pp)
         out.append(ToolSpec(name=name, parameters=freeze_json(params), strict=strict, description=description))
     return tuple(out)
 
@@ -526,11 +528,6 @@ def _response_format(value: Any, pointer: str) -> ResponseFormat:
     schema = _req(spec, "schema", jp, _object)
     sp = join_pointer(jp, "schema")
     _check_schema_shape(schema, sp, "invalid_json_schema")
-    if strict:
-        try:
-            check_strict(schema, sp)
-        except InvalidSchema as err:  # check_strict speaks for tools; response_format errors use this code
-            raise InvalidSchema(f"Invalid schema for response_format '{name}': {err.message}", pointer=err.pointer, code="invalid_json_schema") from err
     return ResponseFormat(type="json_schema", name=name, schema=freeze_json(schema), strict=strict, description=description)
 
 
