@@ -97,6 +97,12 @@ def test_no_tools_means_no_calls(choice):
     assert bounds(p) == ("none", (), False, False, 0, 0) and p.tools == ()
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_without_tools_is_harmless(parallel):
+    # OpenAI 400s this; we accept it because it cannot contradict anything (no tool can be called).
+    assert bounds(Policy.from_request(parallel_tool_calls=parallel)) == ("none", (), False, False, 0, 0)
+
+
 def test_defaults():
     p = Policy.from_request(tools=TOOLS)
     assert (p.response_format, p.max_tokens, p.thinking, p.reasoning_budget, p.relax_non_strict) == (None, None, None, None, True)
