@@ -626,26 +626,55 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, start)
 
 
-def _minimise(trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget) -> tuple[np.ndarray, np.ndarray, int]:
-    """Moore partition refinement, vectorised with numpy."""
+# Integer weights below 2**20 keep every signature sum below 2**53: exact in float64 whatever the summation order.
+_HASH_WEIGHTS = np.random.default_rng(20261129).integers(1, 2**20, size=(4096, 2)).astype(np.float64)
+
+
+def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget, *, exact: bool) -> tuple[np.ndarray, int]:
+    """Moore partition refinement to the fixpoint: split blocks by (block, blocks of the targets per class)."""
     n, k = trans.shape
-    _, block = np.unique(accepting, return_inverse=True)
-    block = block.reshape(-1).astype(np.int64)
-    n_blocks = int(block.max()) + 1
+    dead = trans < 0
+    safe = np.maximum(trans, 0)
+    weights = _HASH_WEIGHTS[: k + 1] if k + 1 <= len(_HASH_WEIGHTS) and n < 2**26 else None
     while True:
-        target_blocks = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
-        signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))
-        view = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1]))).reshape(-1)
-        _, new_block = np.unique(view, return_inverse=True)
+        target_blocks = np.where(dead, -1, block[safe])
+        if exact or weights is None:
+            signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))
+            keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1]))).reshape(-1)
+        else:
+            # a 64-bit hash of each signature row; `_minimise` verifies the fixpoint, so a collision cannot go unnoticed
+            # two exact integer projections computed in float64 (BLAS-fast), as one complex key per row
+            proj = block[:, None] * weights[0] + target_blocks.astype(np.float64) @ weights[1:]
+            keys = proj[:, 0] + 1j * proj[:, 1]
+        _, new_block = np.unique(keys, return_inverse=True)
         new_block = new_block.reshape(-1).astype(np.int64)
         new_n = int(new_block.max()) + 1
         budget.check(0)
         if new_n == n_blocks:
-            break
+            return block, n_blocks
         block, n_blocks = new_block, new_n
+
+
+def _is_congruence(trans: np.ndarray, accepting: np.ndarray, block: np.ndarray) -> bool:
+    """Every state agrees with its block's first state on acceptance and on the blocks of its targets."""
+    first = np.full(int(block.max()) + 1, -1, np.int64)
+    first[block[::-1]] = np.arange(len(block) - 1, -1, -1)
+    rep = first[block]
+    mapped = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
+    return bool((accepting == accepting[rep]).all() and (mapped == mapped[rep]).all())
+
+
+def _minimise(trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget) -> tuple[np.ndarray, np.ndarray, int]:
+    """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback)."""
+    n, k = trans.shape
+    _, block = np.unique(accepting, return_inverse=True)
+    block0 = block.reshape(-1).astype(np.int64)
+    n0 = int(block0.max()) + 1
+    block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
+    if not _is_congruence(trans, accepting, block):
+        block, n_blocks = _refine(trans, block0, n0, budget, exact=True)
     if n_blocks == n:
         return trans, accepting, start
-    # renumber blocks in order of first appearance so the start state becomes 0 after BFS below
     rep = np.full(n_blocks, -1, np.int64)
     rep[block[::-1]] = np.arange(n - 1, -1, -1)
     new_trans = trans[rep]

@@ -57,6 +57,7 @@ TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 _SHORT_ESCAPES = {0x22: b'\\"', 0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
 _ESCAPES = {b: fa.literal(_SHORT_ESCAPES.get(b, b"\\u%04x" % b)) for b in [*range(0x20), 0x22, 0x5C]}
 ANY_TEXT = fa.repeat(fa.ANY_CHAR, 0)
+ANY_TEXT_ANY_LENGTH = ANY_TEXT  # the marker for "no string keyword": its automaton is compiled once per syntax
 
 
 def encode_string(decoded: fa.Expr) -> fa.Expr:
@@ -191,6 +192,19 @@ class XmlValueSyntax(JsonSyntax):
         return super().text(value)
 
 
+_ANY_STRING: dict[tuple[str, str, int], fa.Dfa] = {}
+
+
+def _any_string(syntax: "JsonSyntax") -> fa.Dfa:
+    """The automaton of any string in `syntax`, compiled once per process (it is in almost every schema)."""
+    quote = getattr(syntax, "quote", None)
+    key = (syntax.name, syntax.whitespace, quote.symbol_id if quote is not None else -1)
+    dfa = _ANY_STRING.get(key)
+    if dfa is None:
+        dfa = _ANY_STRING[key] = fa.compile(syntax.string(ANY_TEXT))
+    return dfa
+
+
 @dataclass
 class SchemaOptions:
     """How a schema is compiled. See `compile_schema`."""
@@ -201,6 +215,8 @@ class SchemaOptions:
     max_states: int = DEFAULT_MAX_STATES
     timeout_s: float = DEFAULT_TIMEOUT_S
     syntax: JsonSyntax | None = None  # None: JSON with `whitespace`
+    relax: bool = False  # skip (and record) assertion keywords constrain cannot enforce; never with strict
+    closed_objects: bool = False  # an object without `additionalProperties` takes no undeclared properties
 
 
 @dataclass
@@ -209,6 +225,7 @@ class CompiledSchema:
 
     dfa: fa.Dfa
     ignored_keywords: list[str] = field(default_factory=list)
+    relaxed: list[tuple[str, str]] = field(default_factory=list)  # (pointer, reason) of skipped assertions
 
 
 def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> CompiledSchema:
@@ -222,6 +239,10 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         max_depth: how deep recursive `$ref`s are unrolled and free-form values (no `type`) nest.
         max_states: state budget of every intermediate automaton.
         timeout_s: compile-time budget.
+        closed_objects: treat a missing `additionalProperties` as `false` (a documented narrowing used for
+            tool arguments, whose functions take only the declared parameters).
+        relax: skip the assertion keywords constrain cannot enforce (`not`, `if`, `uniqueItems`, ...) and list
+            them in `CompiledSchema.relaxed` instead of raising; refused together with `strict`.
         syntax: how values are written (default JSON); `Gemma4Syntax(quote_token_id)` or
             `XmlArgumentsSyntax()` for those tool-call formats' arguments (the root must be an object there).
     Returns:
@@ -233,6 +254,8 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     opts = SchemaOptions(**options)
     if opts.whitespace not in ("flexible", "compact"):
         raise ValueError(f"whitespace must be 'flexible' or 'compact', got {opts.whitespace!r}")
+    if opts.strict and opts.relax:
+        raise ValueError("relax cannot be combined with strict: strict schemas are never relaxed")
     if opts.strict:
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)
@@ -245,7 +268,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
             f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth})",
             pointer=pointer,
         )
-    return CompiledSchema(dfa, sorted(set(compiler.ignored)))
+    return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)))
 
 
 # ---------------------------------------------------------------------------
@@ -339,9 +362,16 @@ class _Compiler:
         self.base = pointer
         self.deadline = time.monotonic() + opts.timeout_s
         self.ignored: list[str] = []
+        self.relaxed: list[tuple[str, str]] = []
         self.syntax: JsonSyntax = opts.syntax or JsonSyntax(opts.whitespace)
         self._any_cache: dict[tuple[str, int], fa.Expr] = {}
         self._memo: dict[tuple[int, tuple[str, ...], str], fa.Expr] = {}
+
+    def unsupported(self, message: str, pointer: str) -> None:
+        """An assertion keyword constrain cannot enforce: an error, or recorded and skipped under `relax`."""
+        if not self.opts.relax:
+            raise UnsupportedSchema(message, pointer=pointer)
+        self.relaxed.append((pointer, message))
 
     def nested(self, syntax: JsonSyntax) -> "_Compiler":
         """This compiler, writing with another syntax (caches and budgets shared)."""
@@ -550,12 +580,13 @@ class _Compiler:
             if key in ANNOTATIONS:
                 continue
             if key in UNSUPPORTED:
-                raise UnsupportedSchema(f"keyword '{key}' is not supported", pointer=join_pointer(pointer, key))
+                self.unsupported(f"keyword '{key}' is not supported", join_pointer(pointer, key))
+                continue
             if key == "$ref":
                 continue
             self.ignored.append(join_pointer(pointer, key))
         if schema.get("uniqueItems") is True:
-            raise UnsupportedSchema("'uniqueItems': true is not supported", pointer=join_pointer(pointer, "uniqueItems"))
+            self.unsupported("'uniqueItems': true is not supported", join_pointer(pointer, "uniqueItems"))
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 branches = schema[key]
@@ -644,6 +675,8 @@ class _Compiler:
             if not isinstance(name, str):
                 raise InvalidSchema("'format' must be a string", pointer=where)
             parts.append(_formats.format_expr(name, pointer=where))
+        if not parts and not lo and hi is None:
+            return ANY_TEXT_ANY_LENGTH
         if lo or hi is not None or not parts:
             parts.append(fa.repeat(fa.ANY_CHAR, lo, hi))
         expr = parts[0]
@@ -652,7 +685,10 @@ class _Compiler:
         return expr
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
-        return self.syntax.string(self.decoded_string(schema, pointer))
+        decoded = self.decoded_string(schema, pointer)
+        if decoded is ANY_TEXT_ANY_LENGTH:
+            return _any_string(self.syntax)
+        return self.syntax.string(decoded)
 
     def number(self, t: str, schema: dict, pointer: str) -> fa.Expr:
         from constrain import numbers as _numbers
@@ -808,7 +844,7 @@ class _Compiler:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise InvalidSchema("'required' must be an array of strings", pointer=join_pointer(pointer, "required"))
-        extra = schema.get("additionalProperties", True)
+        extra = schema.get("additionalProperties", False if self.opts.closed_objects else True)
         names_schema = schema.get("propertyNames", True)
         min_p = int(schema.get("minProperties", 0))
         max_p = schema.get("maxProperties")
