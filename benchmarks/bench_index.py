@@ -1,4 +1,4 @@
-"""Token index benchmark: trie build, mask computation per state kind, cached mask fetch and cursor advance.
+"""Token index benchmark: trie build, mask computation per state kind, cached mask fetch, cursor advance, budgets.
 
 Usage: python benchmarks/bench_index.py [--quick] [--json PATH]
 """
@@ -19,7 +19,7 @@ import tracemalloc
 import numpy as np
 
 from constrain import automaton as fa
-from constrain.index import TokenIndex, TokenState
+from constrain.index import NO_COMPLETION, TokenIndex, TokenState
 from constrain.index import _build_trie  # the per-vocabulary trie, timed on its own
 from constrain.vocabulary import Vocabulary
 
@@ -199,6 +199,105 @@ def bench_vocab(label: str, vocab: Vocabulary, dfa, quick: bool) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Token budgets: the min_tokens table per index, budgeted masks below the horizon, the hot path above it
+
+BFCL = "/work/shared/data/bfcl/openai/simple_python.jsonl"
+BFCL_LINES = (0, 5, 100, 250)
+
+
+def bfcl_dfas(quick: bool) -> dict[str, fa.Dfa]:
+    from constrain.schema import compile_schema
+
+    try:
+        with open(BFCL) as f:
+            rows = [json.loads(line) for line in f]
+    except FileNotFoundError as err:
+        print(f"# BFCL schemas skipped: {err}", file=sys.stderr)
+        return {}
+    lines = BFCL_LINES[:1] if quick else BFCL_LINES
+    return {rows[i]["id"]: compile_schema(rows[i]["tools"][0]["function"]["parameters"]).dfa for i in lines}
+
+
+def bench_budget(label: str, vocab: Vocabulary, name: str, dfa, quick: bool) -> dict:
+    repeats = 1 if quick else 3
+    row: dict = {"vocab": label, "schema": name, "dfa_states": dfa.n_states}
+    TokenIndex(dfa, vocab)  # fills the per-vocabulary trie cache
+    times = []
+    for _ in range(repeats):
+        index = TokenIndex(dfa, vocab)
+        t0 = time.perf_counter()
+        low = index.min_tokens_from_start()
+        times.append(time.perf_counter() - t0)
+    row["table_ms"] = statistics.median(times) * 1e3
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        eager = TokenIndex(dfa, vocab, eager=True)
+        times.append(time.perf_counter() - t0)
+    row["eager_ms"] = statistics.median(times) * 1e3
+    byte_distance = int(fa.shortest_distances(dfa)[dfa.start])
+    if not 0 < low <= byte_distance or eager.min_tokens_from_start() != low:
+        raise SystemExit(f"{label}/{name}: min_tokens {low} vs byte distance {byte_distance} / eager")
+    row["min_tokens"], row["byte_distance"] = low, byte_distance
+
+    # A budgeted mask below the horizon (the first state on a shortest output that has one): the first fetch walks
+    # the trie once, later ones are a dict lookup.
+    cursor = index.start()
+    while index.budget_horizon(cursor.dfa_state) <= index.min_tokens(cursor.dfa_state):
+        if cursor.is_accepting():
+            raise SystemExit(f"{label}/{name}: no state with a budget below its horizon on a shortest output")
+        need = index.min_tokens(cursor.dfa_state)
+        cursor.advance(int(np.flatnonzero(index.token_min_budget(cursor.dfa_state) == need)[0]))
+    state = cursor.dfa_state
+    budget = index.min_tokens(state)
+    if index.budget_horizon(state) == NO_COMPLETION:
+        raise SystemExit(f"{label}/{name}: a token without completion (is every byte a token?)")
+    t0 = time.perf_counter()
+    mask = cursor.mask(budget)
+    row["budget_cold_ms"] = (time.perf_counter() - t0) * 1e3
+    reference = np.packbits(
+        np.pad(index.token_min_budget(state) <= budget, (0, index.n_words * 32 - vocab.vocab_size)), bitorder="little"
+    ).view("<i4")
+    if not np.array_equal(mask, reference):
+        raise SystemExit(f"{label}/{name}: budgeted mask differs from token_min_budget <= budget")
+    samples_hot, samples_plain, samples_below = [], [], []
+    for _ in range(2_000 if quick else 20_000):
+        t0 = time.perf_counter_ns()
+        cursor.mask()
+        t1 = time.perf_counter_ns()
+        cursor.mask(1_000)  # above the horizon: the unbudgeted row
+        t2 = time.perf_counter_ns()
+        cursor.mask(budget)  # below the horizon, cached
+        t3 = time.perf_counter_ns()
+        samples_plain.append(t1 - t0)
+        samples_hot.append(t2 - t1)
+        samples_below.append(t3 - t2)
+    row["fetch_p50_us"] = percentile_ns(samples_plain, 50) / 1e3
+    row["fetch_budget_above_p50_us"] = percentile_ns(samples_hot, 50) / 1e3
+    row["fetch_budget_below_p50_us"] = percentile_ns(samples_below, 50) / 1e3
+    return row
+
+
+def print_budget_table(rows: list[dict]) -> None:
+    print()
+    print("Token budgets. table = min_tokens for every state of a lazy index (first budget/min_tokens call);")
+    print("eager = TokenIndex(eager=True), which builds masks and table in one walk per state; fetch p50 in us:")
+    print("mask() / mask(budget >= horizon) / mask(budget < horizon, cached). cold = first budget < horizon fetch.")
+    header = (
+        f"{'vocab':<16}{'schema':<20}{'states':>7}{'min tok':>8}{'bytes':>6}{'table ms':>10}{'eager ms':>10}"
+        f"{'cold ms':>9}{'fetch plain/above/below us':>28}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        fetch = f"{r['fetch_p50_us']:.2f}/{r['fetch_budget_above_p50_us']:.2f}/{r['fetch_budget_below_p50_us']:.2f}"
+        print(
+            f"{r['vocab']:<16}{r['schema']:<20}{r['dfa_states']:>7}{r['min_tokens']:>8}{r['byte_distance']:>6}"
+            f"{r['table_ms']:>10.0f}{r['eager_ms']:>10.0f}{r['budget_cold_ms']:>9.2f}{fetch:>28}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         vocabs.update(real_vocabs())
 
     rows = [bench_vocab(label, vocab, dfa, args.quick) for label, vocab in vocabs.items()]
+    schemas = {"json_object": dfa, **bfcl_dfas(args.quick)}
+    budget_rows = [
+        bench_budget(label, vocab, name, schema, args.quick)
+        for label, vocab in vocabs.items()
+        for name, schema in schemas.items()
+    ]
 
     print(f"DFA: JSON object, {dfa.n_states} states, {dfa.n_classes} classes. Mask times: one cold state, median.")
     print("python = the per-token Python loop (reference; x = how many times slower than the trie walk)")
@@ -235,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['fetch_p50_us']:>9.2f}/{r['fetch_p99_us']:<8.2f}{r['advance_p50_us']:>12.2f}"
         )
 
+    print_budget_table(budget_rows)
+
     env = {
         "python": sys.version.split()[0],
         "numpy": np.__version__,
@@ -246,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
     }
     with open(args.json, "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=2)
+        json.dump({"environment": env, "rows": rows, "budget_rows": budget_rows}, f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -1,4 +1,5 @@
-"""Token index: a byte DFA × a vocabulary → one packed int32 token mask per DFA state; a cursor per sequence."""
+"""Token index: a byte DFA × a vocabulary → one packed int32 token mask per DFA state (optionally under a token
+budget, from exact per-state minimum token counts); a cursor per sequence."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from constrain.errors import InternalError, MaskViolation
 
-__all__ = ["TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_build"]
+__all__ = ["NO_COMPLETION", "TokenIndex", "TokenState", "IndexCache", "DEFAULT_CACHE", "get_or_build"]
 
 # Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
 _DENSE_RATIO = 4
@@ -179,6 +180,9 @@ def _trie_for(vocab: Any) -> _Trie:
 # --------------------------------------------------------------------------------------------------------------------
 # The index
 
+# One state's trie walk: (dense `(depth, states, ok)` per densely walked depth, sparse `(nodes, states)`, n_alive).
+_Walk = tuple[list[tuple[int, np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]], int]
+
 
 class TokenIndex:
     """Packed token masks of one DFA over one vocabulary, one row per DFA state, computed lazily or eagerly.
@@ -214,7 +218,7 @@ class TokenIndex:
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
         vocab: a `constrain.vocabulary.Vocabulary`.
-        eager: compute every state's row now instead of on first use.
+        eager: compute every state's row and the `min_tokens` table now (one walk per state) instead of on first use.
 
     Raises:
         InternalError: the DFA's shape is inconsistent, or `dfa.specials` names an id that is not a special token of
@@ -496,7 +500,7 @@ class TokenIndex:
             self._min_tokens = np.array(dist, dtype=np.int64)
             self._min_tokens.flags.writeable = False
 
-    def _destinations(self, state: int, walk: tuple) -> np.ndarray:
+    def _destinations(self, state: int, walk: _Walk) -> np.ndarray:
         """The distinct DFA states that the allowed non-EOS tokens of `state` lead to."""
         dense, sparse, _ = walk
         term_count = self._trie.term_count
@@ -504,10 +508,11 @@ class TokenIndex:
         parts += [st[term_count[nodes] > 0] for nodes, st in sparse]
         if self._special_cls_arr.shape[0]:
             parts.append(self._tflat[state * self._n_classes + self._special_cls_arr])
-        if not parts:
-            return np.zeros(0, dtype=np.intp)
-        dests = np.unique(np.concatenate(parts))
-        return dests[dests >= 0].astype(np.intp)
+        # A scatter into flags, not np.unique: a string state has ~all tokens alive and sorting them doubled the walk.
+        seen = np.zeros(self._n_states + 1, dtype=bool)  # the extra last flag absorbs the dead state -1
+        for part in parts:
+            seen[part] = True
+        return np.flatnonzero(seen[: self._n_states])
 
     def _budget_tables(self) -> tuple[np.ndarray, list[int], list[int]]:
         """`(min_tokens, min_tokens_list, horizon)` over states `0 ..= n_states`, built once per index.
@@ -611,7 +616,7 @@ class TokenIndex:
                 self._budget_rows[(state, b)] = row
         return row
 
-    def _walk(self, state: int) -> tuple[list[tuple[int, np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]], int]:
+    def _walk(self, state: int) -> _Walk:
         """The live trie nodes of one state, by walking the trie depth by depth.
 
         A depth is walked densely (every node: two gathers each) while many nodes stay alive, and sparsely (only the
@@ -670,7 +675,7 @@ class TokenIndex:
             node, st = child[keep], nxt[keep]
         return dense, sparse, n_alive
 
-    def _compute_mask(self, state: int, walk: tuple | None = None) -> np.ndarray:
+    def _compute_mask(self, state: int, walk: _Walk | None = None) -> np.ndarray:
         """The packed mask (int32 [n_words]) of one state (from `walk`, the state's `_walk`, when already done)."""
         trie = self._trie
         ds = trie.depth_start

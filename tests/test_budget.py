@@ -289,7 +289,8 @@ def test_pickle_keeps_budget_tables(vocab):
     clone = pickle.loads(pickle.dumps(index))
     assert clone.min_tokens_from_start() == low
     assert np.array_equal(clone.start().mask(low), before)
-    assert [clone.budget_horizon(s) for s in range(dfa.n_states)] == [index.budget_horizon(s) for s in range(dfa.n_states)]
+    states = range(dfa.n_states)
+    assert [clone.budget_horizon(s) for s in states] == [index.budget_horizon(s) for s in states]
     assert np.array_equal(TokenIndex(dfa, vocab).start().mask(low), before)
 
 
