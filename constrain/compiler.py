@@ -60,3 +60,56 @@ def compile_regex(pattern: str, vocab: Any, *, eager: bool = False, cache: Index
     if cache is None:
         return TokenIndex(build(), vocab, eager=eager)
     return cache.get_or_build(_key("regex", [pattern, max_states]), vocab, build, eager=eager)
+
+
+def compile_index(
+    policy: Any,
+    vocab: Any,
+    *,
+    tool_format: str = "hermes",
+    thinking: bool | None = None,
+    eager: bool = False,
+    cache: IndexCache | None = DEFAULT_CACHE,
+) -> TokenIndex:
+    """The token index of every assistant turn `policy` allows, in the native format `tool_format`.
+
+    Args:
+        policy: a `constrain.Policy`.
+        vocab: the model's `constrain.Vocabulary` (special tokens of the format are looked up in it by text).
+        tool_format: one of `constrain.grammar.FORMATS`.
+        thinking: the turn starts with the format's thinking block (default: `policy.thinking`, else off).
+        eager: compute every state's mask now.
+        cache: where compiled indexes are kept (None: no caching).
+    Returns:
+        A shareable `TokenIndex`; `index.meta` holds the policy, the format name and what was relaxed.
+    Raises:
+        InvalidSchema / UnsupportedSchema with pointers into the request (e.g. `/tools/2/function/parameters`).
+    """
+    from constrain.grammar import compile_policy_grammar, format_digest, load_format
+
+    fmt = load_format(tool_format)
+    think = bool(policy.thinking) if thinking is None else bool(thinking)
+    key = _key("tools", [policy.key(), tool_format, format_digest(fmt), think])
+    box: dict[str, Any] = {}
+
+    def build() -> fa.Dfa:
+        grammar = compile_policy_grammar(policy, fmt, vocab.special_tokens, thinking=think)
+        box["grammar"] = grammar
+        dfa = fa.compile(grammar.expr, max_states=1_000_000, pointer="/tools")
+        if dfa.is_empty:
+            from constrain.errors import UnsupportedSchema
+
+            raise UnsupportedSchema("the tool policy allows no output at all", pointer="/tools")
+        return dfa
+
+    index = TokenIndex(build(), vocab, eager=eager) if cache is None else cache.get_or_build(key, vocab, build, eager=eager)
+    if getattr(index, "meta", None) is None:
+        grammar = box.get("grammar")
+        index.meta = {
+            "policy": policy,
+            "tool_format": tool_format,
+            "thinking": think,
+            "relaxed": grammar.relaxed if grammar else (),
+            "ignored_keywords": grammar.ignored if grammar else (),
+        }
+    return index

@@ -229,6 +229,8 @@ class TokenIndex:
         self._dfa = dfa
         self._vocab = vocab
         self._eager = bool(eager)
+        # set once by whoever compiled the DFA (e.g. `compile_index`: policy, tool format), before sharing
+        self.meta: dict[str, Any] | None = None
         self._setup(_trie_for(vocab))
         self._lock = threading.Lock()
         self._rows: list[np.ndarray] = []
@@ -305,6 +307,7 @@ class TokenIndex:
                 "dfa": self._dfa,
                 "vocab": self._vocab,
                 "eager": self._eager,
+                "meta": self.meta,
                 "rows": list(self._rows),
                 "row_of": list(self._row_of),
                 "budget": None
@@ -316,6 +319,7 @@ class TokenIndex:
         self._dfa = state["dfa"]
         self._vocab = state["vocab"]
         self._eager = state["eager"]
+        self.meta = state.get("meta")
         self._setup(_trie_for(self._vocab))
         self._lock = threading.Lock()
         self._rows = []
