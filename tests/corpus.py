@@ -604,24 +604,25 @@ def token_walk(index: Any, rng: random.Random, soft_len: int = 60, hard_len: int
     Returns (ids without EOS, whether EOS was reached)."""
     from constrain import automaton as fa
 
+    import numpy as np
+
     vocab, dfa = index.vocab, index.dfa
-    eos = set(vocab.eos_ids)
+    eos = np.array(sorted(vocab.eos_ids))
     dist = fa.shortest_distances(dfa)
     # byte-level vocabularies have a token for every byte: closing along shortest paths always has a candidate
-    single = [t for t, b in enumerate(vocab.token_bytes) if len(b) == 1 and t not in vocab.special_ids]
+    single = np.array([t for t, b in enumerate(vocab.token_bytes) if len(b) == 1 and t not in vocab.special_ids])
     st, ids = index.start(), []
     while len(ids) < hard_len:
         allowed = st.allowed_token_ids()
-        pool = [int(t) for t in allowed if int(t) not in eos]
+        pool = allowed[~np.isin(allowed, eos)]
         closing = len(ids) >= soft_len
-        if st.is_accepting() and (not pool or closing or rng.random() < 0.3):
-            st.advance(next(int(t) for t in allowed if int(t) in eos))
+        if st.is_accepting() and (not len(pool) or closing or rng.random() < 0.3):
+            st.advance(int(allowed[np.isin(allowed, eos)][0]))
             return ids, True
         if not closing:
-            tok = rng.choice(pool)
+            tok = int(pool[rng.randrange(len(pool))])
         else:
-            ok = set(allowed.tolist())
-            picks = [rng.choice(pool) for _ in range(16)] + [t for t in single if t in ok]
+            picks = [int(pool[rng.randrange(len(pool))]) for _ in range(16)] + single[np.isin(single, pool)].tolist()
             tok = min(picks, key=lambda t: dist[dfa.step(st.dfa_state, vocab.token_bytes[t])])
         st.advance(tok)
         ids.append(tok)

@@ -147,8 +147,8 @@ def _ratchet(name: str, cases: list[corpus.Case]) -> None:
 
 @pytest.mark.parametrize("name", list(corpus.CORPORA))
 def test_ratchet_sample(name):
-    """A seeded sample (2 schemas per group) against the committed baseline; the full run is below."""
-    _ratchet(name, corpus.sample(corpus.CORPORA[name](), 2, seed=7))
+    """A seeded sample (1-2 schemas per group) against the committed baseline; the full run is below."""
+    _ratchet(name, corpus.sample(corpus.CORPORA[name](), 1 if name == "json_schema_test_suite" else 2, seed=7))
 
 
 @pytest.mark.slow

@@ -247,22 +247,44 @@ def test_strict_off_accepts_the_same_schemas():
 
 
 # ---------------------------------------------------------------------------
-# known compiler bugs (minimal cases; each fix is one rule)
+# relax and closed_objects (named, recorded narrowings for non-strict tools)
+# ---------------------------------------------------------------------------
+
+
+def test_relax_records_skipped_assertions_instead_of_raising():
+    compiled = compile_schema({"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}}}, relax=True)
+    assert [p for p, _ in compiled.relaxed] == ["/properties/a/not"]
+    assert compiled.dfa.matches(b'{"a":"y"}')
+
+
+def test_relax_is_refused_with_strict():
+    with pytest.raises(ValueError):
+        compile_schema(STRICT_OK, strict=True, relax=True)
+
+
+def test_closed_objects_take_no_undeclared_properties():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    check(schema, ['{"a":1}'], ['{"a":1,"b":2}'], closed_objects=True)
+    check(schema, ['{"a":1,"b":2}'], [], closed_objects=False)
+    check({"type": "object", "additionalProperties": {"type": "integer"}}, ['{"b":2}'], [], closed_objects=True)
+
+
+# ---------------------------------------------------------------------------
+# compiler bugs the corpus runs found (minimal cases, fixed in 2862702)
 # ---------------------------------------------------------------------------
 
 
 def test_oneof_rejects_values_matching_two_branches():
-    # oneOf is compiled as anyOf; fix: branch i minus the union of the other branches (fa.difference).
     check({"oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", "2.5"], ["3"])
 
 
 def test_allof_does_not_pair_one_parts_prefixitems_with_anothers_items():
-    # the parent's `items` applies to every element; merging it with a part's prefixItems makes it apply to the tail only.
+    # the parent's `items` applies to every element, the part's prefixItems only to the first
     check({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}, "type": "array"}, ["[5,6]"], ["[3,5]"])
 
 
 def test_allof_ignores_conflicting_unknown_keywords():
-    # unknown keywords are annotations: two different values must not make the merge fail.
+    # unknown keywords are annotations: two different values must not make the merge fail (x-intellij-* in JsonSchemaStore)
     check({"allOf": [{"type": "integer", "x-doc": "a"}, {"x-doc": "b"}]}, ["1"], ['"a"'])
 
 
