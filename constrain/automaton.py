@@ -581,38 +581,48 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     return _finish(transitions, accepting, class_of, nfa.specials, 0, budget)
 
 
+def _closure_of(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n: int) -> np.ndarray:
+    """Boolean [n]: the seeds and every state reachable from them along the CSR graph (start, neighbours)."""
+    seen = np.zeros(n, bool)
+    seen[seeds] = True
+    frontier = np.asarray(seeds, dtype=np.int64)
+    while frontier.size:
+        counts = start[frontier + 1] - start[frontier]
+        total = int(counts.sum())
+        if not total:
+            break
+        offsets = np.repeat(start[frontier] - np.cumsum(counts) + counts, counts) + np.arange(total)
+        nxt = np.unique(neighbours[offsets])
+        frontier = nxt[~seen[nxt]]
+        seen[frontier] = True
+    return seen
+
+
+def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a 2-D int array and the inverse map (sorted by raw bytes)."""
+    a = np.ascontiguousarray(a)
+    view = a.view(np.dtype((np.void, a.dtype.itemsize * a.shape[1]))).reshape(-1)
+    _, index, inverse = np.unique(view, return_index=True, return_inverse=True)
+    return a[index], inverse.reshape(-1)
+
+
 def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int, budget: _Budget) -> Dfa:
     """Trim (keep reachable and co-reachable states), minimise, merge equal classes."""
     n = transitions.shape[0]
     if n == 0:
         return _empty_dfa()
-    # co-reachable: states that can reach acceptance
-    live = accepting.copy()
     src, cls = np.nonzero(transitions >= 0)
-    dst = transitions[src, cls]
+    dst = transitions[src, cls].astype(np.int64)
+    # co-reachable (can reach acceptance): closure over reversed edges
     order = np.argsort(dst, kind="stable")
-    src_by_dst, dst_sorted = src[order], dst[order]
-    bounds = np.searchsorted(dst_sorted, np.arange(n + 1))
-    stack = list(np.nonzero(live)[0])
-    while stack:
-        t = stack.pop()
-        for s in src_by_dst[bounds[t]:bounds[t + 1]]:
-            if not live[s]:
-                live[s] = True
-                stack.append(int(s))
+    live = _closure_of(np.nonzero(accepting)[0], np.searchsorted(dst[order], np.arange(n + 1)), src[order], n)
     if not live[start]:
         return _empty_dfa()
     trans = np.where((transitions >= 0) & live[np.maximum(transitions, 0)], transitions, -1)
     # reachable from start through live states
-    reach = np.zeros(n, bool)
-    reach[start] = True
-    stack = [start]
-    while stack:
-        s = stack.pop()
-        for t in trans[s]:
-            if t >= 0 and not reach[t]:
-                reach[t] = True
-                stack.append(int(t))
+    ok = live[dst] & live[src]
+    fwd = np.argsort(src[ok], kind="stable")
+    reach = _closure_of(np.array([start]), np.searchsorted(src[ok][fwd], np.arange(n + 1)), dst[ok][fwd], n)
     keep = np.nonzero(reach)[0]
     renumber = np.full(n + 1, -1, np.int32)
     renumber[keep] = np.arange(len(keep), dtype=np.int32)
@@ -621,31 +631,84 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     start = int(renumber[start])
     trans, acc, start = _minimise(trans, acc, start, budget)
     # merge classes whose columns are identical
-    cols, class_map = np.unique(trans.T, axis=0, return_inverse=True)
-    class_map = class_map.reshape(-1)
+    cols, class_map = _unique_rows(trans.T)
     return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, start)
 
 
-# Integer weights below 2**20 keep every signature sum below 2**53: exact in float64 whatever the summation order.
-_HASH_WEIGHTS = np.random.default_rng(20261129).integers(1, 2**20, size=(4096, 2)).astype(np.float64)
+# Integer weights keep every signature sum exact in float64, whatever order BLAS sums in.
+_HASH_WEIGHTS = np.random.default_rng(20261129).integers(1, 2**16, size=(4096, 2)).astype(np.float64)
+# (weights < 2**16 and block ids < 2**26 keep every sum of up to 2**11 classes exact; a hash collision is caught
+#  by `_is_congruence`, which then falls back to the exact refinement)
 
 
 def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget, *, exact: bool) -> tuple[np.ndarray, int]:
-    """Moore partition refinement to the fixpoint: split blocks by (block, blocks of the targets per class)."""
+    """Moore partition refinement to the fixpoint: split blocks by (block, blocks of the targets per class).
+
+    The hashed variant keeps block ids stable across splits and recomputes signatures only for states with a
+    target in a block that just split (a worklist), so late rounds touch few states.
+    """
     n, k = trans.shape
+    weights = _HASH_WEIGHTS[:k] if k <= 2048 and n < 2**26 else None
+    if exact or weights is None:
+        return _refine_exact(trans, block, n_blocks, budget)
     dead = trans < 0
     safe = np.maximum(trans, 0)
-    weights = _HASH_WEIGHTS[: k + 1] if k + 1 <= len(_HASH_WEIGHTS) and n < 2**26 else None
+    # predecessors in CSR form: preds[start[t]:start[t+1]] are the states with an edge into t
+    src = np.repeat(np.arange(n, dtype=np.int64), k)[~dead.reshape(-1)]
+    dst = safe.reshape(-1)[~dead.reshape(-1)]
+    order = np.argsort(dst, kind="stable")
+    preds = src[order]
+    start = np.searchsorted(dst[order], np.arange(n + 1))
+    block = block.copy()
+    key = np.zeros(n, np.complex128)
+    affected = np.arange(n, dtype=np.int64)
+    while affected.size:
+        budget.check(0)
+        tb = np.where(dead[affected], -1, block[safe[affected]]).astype(np.float64)
+        proj = tb @ weights
+        key[affected] = proj[:, 0] + 1j * proj[:, 1]
+        touched = np.unique(block[affected])
+        members = np.nonzero(np.isin(block, touched))[0]
+        # group the touched blocks' members by (block, key); the first group of a block keeps its id
+        order = np.lexsort((key[members].imag, key[members].real, block[members]))
+        m = members[order]
+        mb, mk = block[m], key[m]
+        new_group = np.ones(len(m), bool)
+        new_group[1:] = (mb[1:] != mb[:-1]) | (mk[1:] != mk[:-1])
+        first_of_block = np.ones(len(m), bool)
+        first_of_block[1:] = mb[1:] != mb[:-1]
+        fresh = new_group & ~first_of_block
+        if not fresh.any():
+            break
+        group_id = np.cumsum(new_group) - 1
+        fresh_ids = np.full(group_id[-1] + 1, -1, np.int64)
+        fresh_groups = group_id[fresh]
+        fresh_ids[fresh_groups] = n_blocks + np.arange(len(fresh_groups))
+        n_blocks += len(fresh_groups)
+        ids = fresh_ids[group_id]
+        moved = ids >= 0
+        changed = m[moved]
+        block[changed] = ids[moved]
+        counts = start[changed + 1] - start[changed]
+        if counts.sum() == 0:
+            break
+        offsets = np.repeat(start[changed] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        affected = np.unique(preds[offsets])
+    # renumber 0..n_blocks-1 in order of first appearance
+    _, first = np.unique(block, return_index=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    _, inverse = np.unique(block, return_inverse=True)
+    return rank[inverse.reshape(-1)], len(first)
+
+
+def _refine_exact(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget) -> tuple[np.ndarray, int]:
+    dead = trans < 0
+    safe = np.maximum(trans, 0)
     while True:
         target_blocks = np.where(dead, -1, block[safe])
-        if exact or weights is None:
-            signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))
-            keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1]))).reshape(-1)
-        else:
-            # a 64-bit hash of each signature row; `_minimise` verifies the fixpoint, so a collision cannot go unnoticed
-            # two exact integer projections computed in float64 (BLAS-fast), as one complex key per row
-            proj = block[:, None] * weights[0] + target_blocks.astype(np.float64) @ weights[1:]
-            keys = proj[:, 0] + 1j * proj[:, 1]
+        signature = np.ascontiguousarray(np.column_stack([block, target_blocks]).astype(np.int64))
+        keys = signature.view(np.dtype((np.void, signature.dtype.itemsize * signature.shape[1]))).reshape(-1)
         _, new_block = np.unique(keys, return_inverse=True)
         new_block = new_block.reshape(-1).astype(np.int64)
         new_n = int(new_block.max()) + 1
