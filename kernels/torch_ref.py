@@ -1,0 +1,81 @@
+"""Token masks applied to logits in place, in plain torch: the reference every other kernel must match bit for bit."""
+
+from __future__ import annotations
+
+import torch
+
+UNCONSTRAINED = -1
+"""A `row_ids` entry that leaves its logits row untouched (a request without a constraint in a mixed batch)."""
+
+_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def check_inputs(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
+    """Shape, dtype and device checks shared by every `apply_token_mask` implementation (no host sync).
+
+    Raises:
+        ValueError: a shape, dtype or device differs from the contract of `apply_token_mask`.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits dtype must be float32, float16 or bfloat16, got {logits.dtype}")
+    if mask_table.dim() != 2 or mask_table.dtype != torch.int32:
+        raise ValueError(
+            f"mask_table must be int32 [n_rows, n_words], got {mask_table.dtype} {tuple(mask_table.shape)}"
+        )
+    if row_ids.dim() != 1 or row_ids.dtype != torch.int32 or row_ids.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"row_ids must be int32 [{logits.shape[0]}] (one per logits row), got {row_ids.dtype} {tuple(row_ids.shape)}"
+        )
+    if mask_table.device != logits.device or row_ids.device != logits.device:
+        raise ValueError(
+            f"logits, mask_table and row_ids must share a device, got {logits.device}, {mask_table.device}, "
+            f"{row_ids.device}"
+        )
+
+
+def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
+    """Set every logit whose token is not allowed to -inf, in place; one gather + unpack + masked_fill, no host sync.
+
+    Args:
+        logits: float32/float16/bfloat16 [rows, V], any strides (a view into a larger tensor is fine).
+        mask_table: int32 [n_rows, n_words] on `logits.device`; bit `t % 32` of word `t // 32` allows token `t`.
+            Tokens past the tokenizer (`n_tokens <= t < 32 * n_words`) must have their bits 0 in the table, which
+            `TokenIndex.mask_table()` guarantees; the kernel itself takes no `n_tokens`.
+        row_ids: int32 [rows] on `logits.device`: the table row of each logits row, or `UNCONSTRAINED` (-1) to leave
+            that logits row untouched. Other values must be in `0 .. n_rows - 1` (not checked: that would sync).
+
+    Semantics, as a plain loop:
+
+        for r in range(rows):
+            if row_ids[r] == -1:
+                continue
+            words = mask_table[row_ids[r]]
+            for t in range(V):
+                if t >= 32 * n_words or not (words[t // 32] >> (t % 32)) & 1:
+                    logits[r, t] = -inf
+
+    Raises:
+        ValueError: see `check_inputs`.
+    """
+    check_inputs(logits, mask_table, row_ids)
+    rows, vocab = logits.shape
+    n_words = mask_table.shape[1]
+    if rows == 0 or vocab == 0:
+        return
+    bits = _BITS.get(logits.device)
+    if bits is None:  # 1 << 31 wraps to INT32_MIN, which is still exactly bit 31
+        bits = _BITS.setdefault(logits.device, torch.ones(32, dtype=torch.int32, device=logits.device) << torch.arange(
+            32, dtype=torch.int32, device=logits.device))
+    width = min(vocab, 32 * n_words)
+    used = (width + 31) // 32
+    free = (row_ids == UNCONSTRAINED).unsqueeze(1)
+    words = mask_table[:, :used].index_select(0, row_ids.clamp(min=0))  # [rows, used]; -1 rows read row 0, ignored
+    # `& bits == 0` yields the disallowed view in one pass (no separate unpack, cast and negation).
+    blocked = (words.unsqueeze(-1) & bits).view(rows, used * 32)[:, :width] == 0
+    blocked &= ~free
+    logits[:, :width].masked_fill_(blocked, float("-inf"))
+    if vocab > width:
+        # Past the mask width nothing is allowed; an unconstrained row stays untouched.
+        logits[:, width:].masked_fill_(~free, float("-inf"))
