@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from lark import Token
 from lark.grammar import NonTerminal, Terminal
 
+from constrain import automaton as fa
 from constrain.errors import InternalError, MaskViolation
 from constrain.grammar import PLACEHOLDERS, Format, load_format
+from constrain.regex import regex_expr
 
 __all__ = ["StreamParser", "new_call_id", "parse_output"]
 
@@ -94,8 +96,11 @@ def _reader(format_name: str) -> _Reader:
             raw = str(tree.children[0])
             if raw.startswith('"'):
                 return ("lit", ast.literal_eval(raw))
-            body, _, _flags = raw[1:].rpartition("/")
-            return ("re", re.compile(body, re.DOTALL))
+            body, _, flags = raw[1:].rpartition("/")
+            if flags:
+                raise ValueError(f"{fmt.name}.lark: regex flags are not supported: {raw}")
+            # the regex compiled by the same code that built the mask: ECMA semantics, exact prefix viability
+            return ("re", fa.compile(regex_expr(body)))
         if kind == "expr":
             body, op = node(tree.children[0], stack), str(tree.children[1])
             if op == "?":
@@ -152,7 +157,12 @@ def _first(node: Any, names: Sequence[str], kind: str) -> tuple[frozenset[str] |
             return (frozenset("<"), True) if kind == "qwen3_xml" else (frozenset("{"), False)
         return _ANY, True
     if tag == "re":
-        return _ANY, True
+        dfa = node[1]
+        if dfa.is_empty:
+            return frozenset(), False
+        live = [b for b in range(256) if dfa.transitions[dfa.start, dfa.class_of[b]] >= 0]
+        first = None if any(b >= 0x80 for b in live) else frozenset(chr(b) for b in live)
+        return first, bool(dfa.accepting[dfa.start])
     if tag in ("call",):
         return _first(node[1], names, kind)
     if tag == "rep":
@@ -242,12 +252,24 @@ class _Match:
         elif tag == "ph":
             yield from self.placeholder(node[1], pos, follow, st)
         elif tag == "re":
-            pattern = node[1]
-            for end in range(pos, n + 1):
-                if pattern.fullmatch(s, pos, end):
-                    yield end, (), False, st
-            if self.prefix and not _has_sentinel(s, pos, n):
-                yield n, (), True, st
+            dfa = node[1]
+            if dfa.is_empty:
+                return
+            state, i = dfa.start, pos
+            while True:
+                if dfa.accepting[state]:
+                    yield i, (), False, st
+                if i == n:
+                    if self.prefix:
+                        yield n, (), True, st
+                    return
+                if 0xD800 <= ord(s[i]) < 0xE000:
+                    return
+                for b in s[i].encode("utf-8"):
+                    state = int(dfa.transitions[state, dfa.class_of[b]])
+                    if state < 0:
+                        return
+                i += 1
         else:
             raise AssertionError(tag)
 
@@ -636,7 +658,8 @@ class _Decoder:
         return self.valid and self.state.is_accepting()
 
     def flush(self) -> None:
-        self.parse += self._bytes.decode(b"", final=True)
+        # a cut can end inside a UTF-8 sequence: those bytes are no character yet, so the parser never reads them
+        self._bytes.reset()
         self.visible += self._visible_bytes.decode(b"", final=True)
 
 
