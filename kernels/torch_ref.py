@@ -71,10 +71,10 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
     width = min(vocab, 32 * n_words)
     used = (width + 31) // 32
     free = (row_ids == UNCONSTRAINED).unsqueeze(1)
-    words = mask_table[:, :used].index_select(0, row_ids.clamp(min=0))  # [rows, used]; -1 rows read row 0, ignored
+    # [rows, used]; an unconstrained row reads row 0 and is overwritten with all bits set (a small pass over words).
+    words = mask_table[:, :used].index_select(0, row_ids.clamp(min=0)).masked_fill_(free, -1)
     # `& bits == 0` yields the disallowed view in one pass (no separate unpack, cast and negation).
     blocked = (words.unsqueeze(-1) & bits).view(rows, used * 32)[:, :width] == 0
-    blocked &= ~free
     logits[:, :width].masked_fill_(blocked, float("-inf"))
     if vocab > width:
         # Past the mask width nothing is allowed; an unconstrained row stays untouched.

@@ -1,0 +1,188 @@
+"""Mask kernels: torch reference vs a plain-Python loop, Triton vs the reference bit for bit, real index tables."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from kernels import torch_ref
+
+if not torch.cuda.is_available():
+    # Triton's interpreter runs the kernel on CPU tensors; it is read when the kernel is first launched.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def triton_apply():
+    """The Triton kernel; a missing Triton fails under CI (env CI set) and skips elsewhere, saying so."""
+    try:
+        from kernels import triton_mask
+    except ImportError as err:
+        message = f"Triton is not importable ({err}); the Triton kernel is untested here"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return triton_mask.apply_token_mask
+
+
+def device_or_skip(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(device)
+
+
+def loop_reference(logits: torch.Tensor, table: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
+    """The docstring's plain-Python loop, on a copy."""
+    out = logits.clone()
+    n_words = table.shape[1]
+    words_of = table.tolist()
+    for r, row in enumerate(row_ids.tolist()):
+        if row == -1:
+            continue
+        words = words_of[row]
+        for t in range(out.shape[1]):
+            if t >= 32 * n_words or not (words[t // 32] >> (t % 32)) & 1:
+                out[r, t] = float("-inf")
+    return out
+
+
+def random_case(rows: int, vocab: int, n_words: int, n_table: int, dtype, device, *, seed: int, layout: str):
+    """Random logits in `layout` (contiguous, a strided column view, a transposed view), table and row ids."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randint(-(2**31), 2**31 - 1, (n_table, n_words), generator=g, dtype=torch.int32)
+    # A few rows all zero / all one / single bit: the densities a real index produces.
+    table[0] = 0
+    if n_table > 1:
+        table[1] = -1
+    if n_table > 2:
+        table[2] = 0
+        table[2, n_words // 2] = 1 << 5
+    row_ids = torch.randint(0, n_table, (rows,), generator=g, dtype=torch.int32)
+    if rows > 2:
+        row_ids[1] = torch_ref.UNCONSTRAINED
+    if layout == "contiguous":
+        logits = torch.randn(rows, vocab, generator=g)
+    elif layout == "strided":  # every other column of a wider buffer, starting at an offset
+        logits = torch.randn(rows, 2 * vocab + 3, generator=g)[:, 3::2]
+    elif layout == "transposed":  # column-major: stride (1, rows)
+        logits = torch.randn(vocab, rows, generator=g).t()
+    else:
+        raise ValueError(layout)
+    return logits.to(dtype).to(device), table.to(device), row_ids.to(device)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bit patterns, so that equality is bit for bit (also for -inf and NaN)."""
+    return t.contiguous().view({torch.float32: torch.int32, torch.float16: torch.int16,
+                                torch.bfloat16: torch.int16}[t.dtype]).cpu()
+
+
+# ---- torch reference vs the plain loop (tiny sizes)
+
+
+@pytest.mark.parametrize("vocab,n_words", [(1, 1), (31, 1), (32, 1), (33, 2), (70, 3), (100, 2), (64, 3)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "transposed"])
+def test_reference_matches_plain_loop(vocab, n_words, dtype, layout):
+    logits, table, row_ids = random_case(4, vocab, n_words, 5, dtype, "cpu", seed=vocab * 7 + n_words, layout=layout)
+    want = loop_reference(logits, table, row_ids)
+    torch_ref.apply_token_mask(logits, table, row_ids)
+    assert torch.equal(bits(logits), bits(want))
+
+
+def test_reference_keeps_nan_and_inf_where_allowed():
+    logits = torch.tensor([[float("nan"), float("inf"), -1.0, 2.0]])
+    table = torch.tensor([[0b0011]], dtype=torch.int32)
+    torch_ref.apply_token_mask(logits, table, torch.tensor([0], dtype=torch.int32))
+    assert torch.isnan(logits[0, 0]) and logits[0, 1] == float("inf") and torch.isinf(logits[0, 2:]).all()
+
+
+# ---- Triton vs the torch reference, bit for bit (CPU: Triton's interpreter)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", [33, 1000, 128256, 151936, 262144])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_matches_reference(device, vocab, rows, dtype):
+    apply = triton_apply()
+    dev = device_or_skip(device)
+    layout = ["contiguous", "strided", "transposed"][(rows + vocab) % 3]
+    # The table is one word narrower than the vocabulary needs when vocab > 1000: the tail must be -inf.
+    n_words = (vocab + 31) // 32 - (vocab > 1000)
+    logits, table, row_ids = random_case(rows, vocab, n_words, 6, dtype, dev, seed=rows * 31 + vocab, layout=layout)
+    want = logits.clone()
+    torch_ref.apply_token_mask(want, table, row_ids)
+    apply(logits, table, row_ids)
+    assert torch.equal(bits(logits), bits(want))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["strided", "transposed"])
+def test_triton_matches_reference_on_views(device, layout):
+    apply = triton_apply()
+    dev = device_or_skip(device)
+    for dtype in DTYPES:
+        logits, table, row_ids = random_case(5, 4099, 129, 7, dtype, dev, seed=3, layout=layout)
+        want = logits.clone()
+        torch_ref.apply_token_mask(want, table, row_ids)
+        apply(logits, table, row_ids)
+        assert torch.equal(bits(logits), bits(want)), dtype
+
+
+# ---- real index tables: padding ids and EOS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_index_table_masks_exactly_the_allowed_ids(llama3_vocab, device):
+    from constrain.compiler import compile_json_schema
+
+    dev = device_or_skip(device)
+    index = compile_json_schema({"type": "array", "items": {"type": "integer"}, "maxItems": 2}, llama3_vocab)
+    cursors, prefix = [], []
+    cursor = index.start()
+    for text in (b"[", b"1", b",", b"2", b"]"):
+        tok = llama3_vocab.token_bytes.index(text)
+        cursors.append(cursor.fork())
+        cursor.advance(tok)
+        prefix.append(tok)
+    cursors.append(cursor)
+    row_ids = [c.mask_row() for c in cursors]
+    table = torch.from_numpy(np.array(index.mask_table()[0])).to(dev)
+    vocab = llama3_vocab.vocab_size + 45  # a model whose logits are wider than the tokenizer
+    appliers = [torch_ref.apply_token_mask, kernels.apply_token_mask, triton_apply()]
+    results = []
+    for apply in appliers:
+        logits = torch.zeros(len(row_ids), vocab, device=dev)
+        apply(logits, table, torch.tensor(row_ids, dtype=torch.int32, device=dev))
+        results.append(bits(logits))
+        for r, c in enumerate(cursors):
+            got = np.flatnonzero(torch.isfinite(logits[r]).cpu().numpy())
+            np.testing.assert_array_equal(got, c.allowed_token_ids())
+    assert all(torch.equal(results[0], other) for other in results[1:])
+    # The accepting state allows EOS and nothing past the tokenizer ever is.
+    assert set(llama3_vocab.eos_ids) <= set(cursors[-1].allowed_token_ids().tolist())
+
+
+# ---- input checks
+
+
+@pytest.mark.parametrize("apply", ["torch", "triton"])
+def test_bad_inputs_raise(apply):
+    fn = torch_ref.apply_token_mask if apply == "torch" else triton_apply()
+    logits, table, ids = torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    for bad in [
+        (logits.to(torch.float64), table, ids),
+        (logits[0], table, ids),
+        (logits, table.long(), ids),
+        (logits, table, ids.long()),
+        (logits, table, ids[:1]),
+    ]:
+        with pytest.raises(ValueError):
+            fn(*bad)
