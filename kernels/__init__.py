@@ -1,7 +1,7 @@
 """Mask kernels: packed int32 token masks applied to logits in place, on the logits' device (torch and Triton).
 
-`apply_token_mask` picks the Triton kernel for CUDA tensors when Triton imports, else the torch reference; both have
-the same semantics bit for bit (see `kernels.torch_ref.apply_token_mask`).
+`apply_token_mask` picks the Triton kernel for CUDA tensors when Triton imports, else the torch reference compiled
+into one fused loop; all have the same semantics bit for bit (see `kernels.torch_ref.apply_token_mask`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _triton():
 
 
 def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, torch elsewhere).
+    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, compiled torch elsewhere).
 
     Args:
         logits: float32/float16/bfloat16 [rows, V], any strides.
@@ -59,4 +59,4 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
         if fn is not None:
             fn(logits, mask_table, row_ids)
             return
-    torch_ref.apply_token_mask(logits, mask_table, row_ids)
+    torch_ref.apply_token_mask_fused(logits, mask_table, row_ids)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 UNCONSTRAINED = -1
@@ -60,19 +62,55 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
         ValueError: see `check_inputs`.
     """
     check_inputs(logits, mask_table, row_ids)
-    rows, vocab = logits.shape
-    n_words = mask_table.shape[1]
-    if rows == 0 or vocab == 0:
+    if logits.shape[0] and logits.shape[1]:
+        _apply(logits, mask_table, row_ids, _bits(logits.device))
+
+
+def apply_token_mask_fused(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
+    """`apply_token_mask`, with the same body compiled by `torch.compile` into one fused loop (CPU and CUDA).
+
+    Same arguments, semantics and results bit for bit. On CPU it is ~13x faster than the eager ops (1 x 128256:
+    ~40 us vs ~520 us, one thread; `benchmarks/bench_kernel.py`). The first call per dtype/layout compiles (seconds,
+    then cached by inductor); if compiling fails this warns once and runs the eager reference.
+
+    Raises:
+        ValueError: see `check_inputs`.
+    """
+    global _fused
+    check_inputs(logits, mask_table, row_ids)
+    if not (logits.shape[0] and logits.shape[1]):
         return
-    bits = _BITS.get(logits.device)
+    if _fused is None:
+        _fused = torch.compile(_apply, dynamic=True)
+    if _fused is not _apply:
+        try:
+            _fused(logits, mask_table, row_ids, _bits(logits.device))
+            return
+        except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager ops
+            warnings.warn(f"torch.compile of the mask kernel failed ({type(err).__name__}: {err}); using eager torch",
+                          RuntimeWarning, stacklevel=2)
+            _fused = _apply
+    _apply(logits, mask_table, row_ids, _bits(logits.device))
+
+
+_fused = None
+
+
+def _bits(device: torch.device) -> torch.Tensor:
+    bits = _BITS.get(device)
     if bits is None:  # 1 << 31 wraps to INT32_MIN, which is still exactly bit 31
-        bits = _BITS.setdefault(logits.device, torch.ones(32, dtype=torch.int32, device=logits.device) << torch.arange(
-            32, dtype=torch.int32, device=logits.device))
-    width = min(vocab, 32 * n_words)
+        one = torch.ones(32, dtype=torch.int32, device=device)
+        bits = _BITS.setdefault(device, one << torch.arange(32, dtype=torch.int32, device=device))
+    return bits
+
+
+def _apply(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor, bits: torch.Tensor) -> None:
+    rows, vocab = logits.shape
+    width = min(vocab, 32 * mask_table.shape[1])
     used = (width + 31) // 32
     free = (row_ids == UNCONSTRAINED).unsqueeze(1)
     # [rows, used]; an unconstrained row reads row 0 and is overwritten with all bits set (a small pass over words).
-    words = mask_table[:, :used].index_select(0, row_ids.clamp(min=0)).masked_fill_(free, -1)
+    words = mask_table[:, :used].index_select(0, row_ids.clamp(min=0)).masked_fill(free, -1)
     # `& bits == 0` yields the disallowed view in one pass (no separate unpack, cast and negation).
     blocked = (words.unsqueeze(-1) & bits).view(rows, used * 32)[:, :width] == 0
     logits[:, :width].masked_fill_(blocked, float("-inf"))

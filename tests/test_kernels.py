@@ -103,6 +103,20 @@ def test_reference_keeps_nan_and_inf_where_allowed():
     assert torch.isnan(logits[0, 0]) and logits[0, 1] == float("inf") and torch.isinf(logits[0, 2:]).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab,n_words", [(33, 2), (1000, 31), (128256, 4008), (151936, 4748), (262144, 8192)])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_fused_matches_reference(device, vocab, n_words, rows):
+    dev = device_or_skip(device)
+    for dtype in DTYPES:
+        layout = ["contiguous", "strided", "transposed"][(rows + vocab) % 3]
+        logits, table, row_ids = random_case(rows, vocab, n_words, 6, dtype, dev, seed=rows + vocab, layout=layout)
+        want = logits.clone()
+        torch_ref.apply_token_mask(want, table, row_ids)
+        torch_ref.apply_token_mask_fused(logits, table, row_ids)
+        assert torch.equal(bits(logits), bits(want)), dtype
+
+
 # ---- Triton vs the torch reference, bit for bit (CPU: Triton's interpreter)
 
 
@@ -156,7 +170,7 @@ def test_index_table_masks_exactly_the_allowed_ids(llama3_vocab, device):
     row_ids = [c.mask_row() for c in cursors]
     table = torch.from_numpy(np.array(index.mask_table()[0])).to(dev)
     vocab = llama3_vocab.vocab_size + 45  # a model whose logits are wider than the tokenizer
-    appliers = [torch_ref.apply_token_mask, kernels.apply_token_mask, triton_apply()]
+    appliers = [torch_ref.apply_token_mask, torch_ref.apply_token_mask_fused, kernels.apply_token_mask, triton_apply()]
     results = []
     for apply in appliers:
         logits = torch.zeros(len(row_ids), vocab, device=dev)
@@ -173,9 +187,9 @@ def test_index_table_masks_exactly_the_allowed_ids(llama3_vocab, device):
 # ---- input checks
 
 
-@pytest.mark.parametrize("apply", ["torch", "triton"])
+@pytest.mark.parametrize("apply", ["torch", "fused", "triton"])
 def test_bad_inputs_raise(apply):
-    fn = torch_ref.apply_token_mask if apply == "torch" else triton_apply()
+    fn = {"torch": torch_ref.apply_token_mask, "fused": torch_ref.apply_token_mask_fused}.get(apply) or triton_apply()
     logits, table, ids = torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
     for bad in [
         (logits.to(torch.float64), table, ids),
