@@ -831,7 +831,10 @@ def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = N
     Raises:
         BudgetExceeded: an intermediate automaton passed `max_states` or the deadline passed.
     """
-    return _compile(expr, _Budget(max_states, deadline, pointer), {})
+    try:
+        return _compile(expr, _Budget(max_states, deadline, pointer), {})
+    except RecursionError as err:
+        raise BudgetExceeded("automaton expression nested too deeply to compile", pointer=pointer) from err
 
 
 def shortest_distances(dfa: Dfa) -> np.ndarray:

@@ -29,7 +29,7 @@ from constrain.schema import (
 )
 
 GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammars"
-FORMATS = ("hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "json")
+FORMATS = ("hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "mistral_v3", "json")
 PLACEHOLDERS = ("NAME", "ARGUMENTS", "TEXT", "THINKING")
 
 
@@ -285,7 +285,7 @@ def compile_policy_grammar(
     def part(rule: str) -> fa.Expr:
         return translator().rule(rule) if fmt.has(rule) else fa.EMPTY
 
-    calls_expr = fa.NOTHING
+    per_tool: list[fa.Expr] = []
     if policy.max_calls > 0 and policy.mode != "none":
         index_of = {tool.name: i for i, tool in enumerate(policy.tools)}
         per_tool = []
@@ -296,28 +296,61 @@ def compile_policy_grammar(
             relax = bool(getattr(policy, "relax_non_strict", True)) and not tool.strict
             compiled = compile_arguments(tool.parameters, pointer=pointer, strict=tool.strict, relax=relax,
                                          closed_objects=bool(getattr(policy, "closed_objects", True)),
-                                         syntax=syntax if not tool.strict or fmt.arguments != "json" else None)
+                                         # strict tools too are written as the model's template writes calls
+                                         # (e.g. `", "`); strictness is about validity, not spacing
+                                         syntax=syntax)
             relaxed += [(name, p, why) for p, why in compiled.relaxed]
             ignored += compiled.ignored_keywords
             per_tool.append(translator(fa.literal(name.encode()), compiled.dfa).rule("call"))
-        call = fa.union(*per_tool)
-        lo, hi = max(policy.min_calls, 1), policy.max_calls
-        sep = part("call_sep")
-        calls_expr = fa.concat(part("calls_open"), call, fa.repeat(fa.concat(sep, call), lo - 1, hi - 1), part("calls_close"))
 
-    end = part("end")
-    if policy.mode == "none" or policy.max_calls == 0:
-        body = fa.concat(content, part("text_end") if fmt.has("text_end") else end)
-    elif policy.mode == "auto":
-        with_calls = fa.concat(fa.optional(fa.concat(content, part("content_sep"))), calls_expr, end)
-        body = fa.union(fa.concat(content, part("text_end") if fmt.has("text_end") else end), with_calls)
-    else:
-        body = fa.concat(calls_expr, end)
-    if thinking:
-        if not fmt.has("think"):
-            raise UnsupportedSchema(f"tool format {fmt.name!r} has no thinking block", pointer="/chat_template_kwargs/enable_thinking")
-        body = fa.concat(part("think"), body)
+    if thinking and not fmt.has("think"):
+        raise UnsupportedSchema(f"tool format {fmt.name!r} has no thinking block", pointer="/chat_template_kwargs/enable_thinking")
+
+    def build(node: tuple) -> fa.Expr:
+        tag = node[0]
+        if tag == "rule":
+            return part(node[1])
+        if tag == "call":
+            return call
+        if tag == "seq":
+            return fa.concat(*(build(child) for child in node[1]))
+        if tag == "alt":
+            return fa.union(*(build(child) for child in node[1]))
+        return fa.repeat(build(node[1]), node[2], node[3])  # "rep"
+
+    call = fa.union(*per_tool) if per_tool else fa.NOTHING
+    body = build(turn_structure(fmt, policy, thinking))
     return ToolGrammar(body, tuple(relaxed), tuple(ignored))
+
+
+def turn_structure(fmt: Format, policy: Any, thinking: bool) -> tuple:
+    """The shape of a whole assistant turn as data, shared by the mask compiler and the parser.
+
+    Nodes: ("rule", name) — a rule of the format file (absent rules are empty); ("call",) — one call of any allowed
+    tool; ("seq", nodes); ("alt", nodes); ("rep", node, lo, hi).
+      none:      content text_end
+      auto:      (content content_sep)? calls end  |  content text_end     (calls first: preferred when ambiguous)
+      required:  calls end
+      calls  =   calls_open call (call_sep call){min-1..max-1} calls_close
+    with `think` in front when thinking is on; `text_end` is `end` when the format has no `text_end`.
+    """
+    text_end = ("rule", "text_end") if fmt.has("text_end") else ("rule", "end")
+    content_only = ("seq", (("rule", "content"), text_end))
+    if policy.mode == "none" or policy.max_calls == 0:
+        body: tuple = content_only
+    else:
+        lo, hi = max(policy.min_calls, 1), policy.max_calls
+        call = ("call",)
+        calls = ("seq", (("rule", "calls_open"), call, ("rep", ("seq", (("rule", "call_sep"), call)), lo - 1, hi - 1),
+                         ("rule", "calls_close")))
+        if policy.mode == "auto":
+            lead = ("rep", ("seq", (("rule", "content"), ("rule", "content_sep"))), 0, 1)
+            body = ("alt", (("seq", (lead, calls, ("rule", "end"))), content_only))
+        else:
+            body = ("seq", (calls, ("rule", "end")))
+    if thinking:
+        body = ("seq", (("rule", "think"), body))
+    return body
 
 
 def _free_text(fmt: Format) -> fa.Expr:
@@ -349,4 +382,5 @@ __all__ = [
     "format_digest",
     "load_format",
     "resolve_special_ids",
+    "turn_structure",
 ]

@@ -120,26 +120,20 @@ def _reader(format_name: str) -> _Reader:
 
 
 def _turn(reader: _Reader, policy: Any, thinking: bool) -> Any:
-    """The whole assistant turn, built exactly as `constrain.grammar.compile_policy_grammar` builds it."""
-    r = reader
-    text_end = r.rule("text_end") if r.has("text_end") else r.rule("end")
-    content_only = ("seq", (r.rule("content"), text_end))
-    if policy.mode == "none" or policy.max_calls == 0:
-        body = content_only
-    else:
-        lo, hi = max(policy.min_calls, 1), policy.max_calls
-        call = ("call", r.rule("call"))
-        calls = ("seq", (r.rule("calls_open"), call, ("rep", ("seq", (r.rule("call_sep"), call)), lo - 1, hi - 1),
-                         r.rule("calls_close")))
-        if policy.mode == "auto":
-            # the calls branch first: the preferred reading when a text is both (formats keep the two apart anyway)
-            with_calls = ("seq", (("rep", ("seq", (r.rule("content"), r.rule("content_sep"))), 0, 1), calls, r.rule("end")))
-            body = ("alt", (with_calls, content_only))
-        else:
-            body = ("seq", (calls, r.rule("end")))
-    if thinking:
-        body = ("seq", (r.rule("think"), body))
-    return body
+    """The whole assistant turn, from the same `turn_structure` that `compile_policy_grammar` builds from."""
+    from constrain.grammar import turn_structure
+
+    def build(node: tuple) -> Any:
+        tag = node[0]
+        if tag == "rule":
+            return reader.rule(node[1])
+        if tag == "call":
+            return ("call", reader.rule("call"))
+        if tag in ("seq", "alt"):
+            return (tag, tuple(build(child) for child in node[1]))
+        return ("rep", build(node[1]), node[2], node[3])
+
+    return build(turn_structure(reader.fmt, policy, thinking))
 
 
 _ANY = None  # a first-character set that may be anything

@@ -50,8 +50,9 @@ class Policy:
         reasoning_budget: `chat_template_kwargs.thinking_budget` in tokens (None: unbounded).
         relax_non_strict: non-strict tools may be compiled with unsupported keywords relaxed, each one recorded by
             the compiler; strict tools are never relaxed.
-        closed_objects: objects in tool arguments that do not say `additionalProperties` take no undeclared
-            properties (a deliberate narrowing: a tool's function takes only the parameters it declares).
+        closed_objects: objects in tool arguments that declare `properties` but do not say `additionalProperties`
+            take no undeclared properties (a deliberate narrowing: a tool's function takes only the parameters it
+            declares); a bare `{"type": "object"}` stays free-form.
     """
 
     tools: tuple[ToolSpec, ...] = ()

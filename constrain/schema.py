@@ -239,8 +239,9 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         max_depth: how deep recursive `$ref`s are unrolled and free-form values (no `type`) nest.
         max_states: state budget of every intermediate automaton.
         timeout_s: compile-time budget.
-        closed_objects: treat a missing `additionalProperties` as `false` (a documented narrowing used for
-            tool arguments, whose functions take only the declared parameters).
+        closed_objects: an object that declares `properties` but says nothing of `additionalProperties` takes no
+            undeclared property (a documented narrowing used for tool arguments, whose functions take only the
+            declared parameters); a bare `{"type": "object"}` stays free-form.
         relax: skip the assertion keywords constrain cannot enforce (`not`, `if`, `uniqueItems`, ...) and list
             them in `CompiledSchema.relaxed` instead of raising; refused together with `strict`.
         syntax: how values are written (default JSON); `Gemma4Syntax(quote_token_id)` or
@@ -844,7 +845,9 @@ class _Compiler:
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise InvalidSchema("'required' must be an array of strings", pointer=join_pointer(pointer, "required"))
-        extra = schema.get("additionalProperties", False if self.opts.closed_objects else True)
+        # closed_objects: an object that declares its properties takes only those; a bare {"type": "object"} stays open
+        closed = self.opts.closed_objects and "properties" in schema
+        extra = schema.get("additionalProperties", False if closed else True)
         names_schema = schema.get("propertyNames", True)
         min_p = int(schema.get("minProperties", 0))
         max_p = schema.get("maxProperties")
@@ -940,23 +943,19 @@ class _Compiler:
         n = len(members)
         # after[c] for slot index i, built back to front
         counts = range(cap + 1)
-        extra_tail: dict[int, fa.Expr] = {}
-
-        def extras(c: int, depth: int = 0) -> fa.Expr:
-            if c in extra_tail:
-                return extra_tail[c]
+        # extras[c]: what may follow once every declared slot is settled with c members written (built from the top
+        # count down, iteratively: a large maxProperties must not recurse)
+        extras: dict[int, fa.Expr] = {}
+        for c in reversed(counts):
             done = fa.EMPTY if ok(c) else fa.NOTHING
             if extra is None or (max_p is not None and c >= max_p):
-                result = done
+                extras[c] = done
             elif max_p is None and c == cap:
-                result = fa.repeat(fa.concat(self.syntax.member_sep, extra), 0) if ok(c) else fa.NOTHING
+                extras[c] = fa.repeat(fa.concat(self.syntax.member_sep, extra), 0) if ok(c) else fa.NOTHING
             else:
                 sep = self.syntax.member_sep if c > 0 else fa.EMPTY
-                result = fa.union(done, fa.concat(sep, extra, extras(bump(c))))
-            extra_tail[c] = result
-            return result
-
-        after = {c: extras(c) for c in counts}
+                extras[c] = fa.union(done, fa.concat(sep, extra, extras[bump(c)]))
+        after = dict(extras)
         for i in range(n - 1, -1, -1):
             member, is_required = members[i]
             nxt = {}

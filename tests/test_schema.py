@@ -201,6 +201,15 @@ def test_error_pointer_is_prefixed_with_the_schema_location():
     assert info.value.pointer == "/tools/2/function/parameters/properties/a~1b/not"
 
 
+def test_large_max_properties_compiles_or_is_refused():
+    # maxProperties 10000 in JsonSchemaStore tokenlist: a RecursionError (the `extras` tail is built recursively)
+    try:
+        dfa = compile_schema({"type": "object", "additionalProperties": {"type": "string"}, "maxProperties": 1000}).dfa
+    except UnsupportedSchema:
+        return
+    assert dfa.matches(b'{"a":"b"}')
+
+
 def test_state_budget_is_an_unsupported_schema():
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{1,30}$"} for i in range(20)}}
     with pytest.raises(fa.BudgetExceeded) as info:
@@ -447,3 +456,8 @@ def test_walk_reaches_long_texts_and_stops():
     texts = [walker.walk(random.Random(i)) for i in range(20)]
     assert all(json.loads(t) is not None for t in texts)
     assert max(len(t) for t in texts) >= 50
+
+
+def test_closed_objects_leaves_a_bare_object_free_form():
+    # a parameter declared as just {"type": "object"} is a free-form mapping, not an empty object
+    check({"type": "object"}, ['{}', '{"k":1}', '{"k":{"n":[1,"x"]}}'], ['[]'], closed_objects=True)

@@ -247,9 +247,7 @@ GROUND_TRUTH = {
 }
 
 # Renderings the index rejects on purpose, in every format: BFCL case id → reason.
-ALLOWED_REJECTIONS: dict[str, str] = {
-    "multiple_9": "Policy.closed_objects: `gradeDict` is {'type': 'object'} without properties, narrowed to {}",
-}
+ALLOWED_REJECTIONS: dict[str, str] = {}
 
 # The last special token of the turn, after which a template may append its own separator (`\n`).
 _END_TEXTS = ("<|im_end|>", "<|eot_id|>", "</s>", "<|tool_response>", "<turn|>")
