@@ -47,6 +47,19 @@ def tekken_vocab() -> Vocabulary:
 
 
 @pytest.fixture(scope="session")
+def tekken_v11_vocab(tekken_vocab: Vocabulary) -> Vocabulary:
+    """The cached Tekken (v3/v7, 2024) with ids 32-35 named as v11/v13 name them: [ARGS] [CALL_ID] [THINK] [/THINK].
+
+    Tekken v11/v13 keep the v7 vocabulary and give four reserved control slots these names (mistral_common's
+    v11/v13 token-id fixtures); mistral_common ships no v11+ file, so tests rename the slots.
+    """
+    names = {32: b"[ARGS]", 33: b"[CALL_ID]", 34: b"[THINK]", 35: b"[/THINK]"}
+    tokens = [names.get(i, b) for i, b in enumerate(tekken_vocab.token_bytes)]
+    return Vocabulary(tokens, special_ids=tekken_vocab.special_ids, eos_ids=tekken_vocab.eos_ids,
+                      vocab_size=tekken_vocab.vocab_size, prefix_space=tekken_vocab.prefix_space)
+
+
+@pytest.fixture(scope="session")
 def phi3_vocab() -> Vocabulary:
     """Phi-3 (SentencePiece with byte fallback, 32064 tokens, dummy-prefix space)."""
     return _load("phi3_vocab", lambda: Vocabulary.from_gguf(assets.gguf_path("phi-3")))
