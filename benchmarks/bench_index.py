@@ -20,7 +20,7 @@ import numpy as np
 
 from constrain import automaton as fa
 from constrain.index import NO_COMPLETION, TokenIndex, TokenState
-from constrain.index import _build_trie  # the per-vocabulary trie, timed on its own
+from constrain.trie import _build_trie  # the per-vocabulary trie, timed on its own
 from constrain.vocabulary import Vocabulary
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from constrain import automaton as fa
-from constrain.index import DEFAULT_CACHE, IndexCache, TokenIndex
+from constrain.cache import DEFAULT_CACHE, IndexCache
+from constrain.index import TokenIndex
 from constrain.schema import SchemaOptions, compile_schema
 
 

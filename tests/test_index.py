@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from constrain import automaton as fa
 from constrain.errors import InternalError, MaskViolation
-from constrain.index import IndexCache, TokenIndex, TokenState
+from constrain.cache import IndexCache
+from constrain.index import TokenIndex, TokenState
 from constrain.vocabulary import Vocabulary
 
 
