@@ -19,14 +19,8 @@ from lark.load_grammar import _parse_grammar  # lark's own grammar-of-grammars p
 
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema, join_pointer
-from constrain.schema import (
-    ANY_TEXT,
-    CompiledSchema,
-    Gemma4Syntax,
-    JsonSyntax,
-    XmlArgumentsSyntax,
-    compile_schema,
-)
+from constrain.schema import CompiledSchema, compile_schema
+from constrain.syntax import ANY_TEXT, Gemma4Syntax, JsonSyntax, XmlArgumentsSyntax
 
 GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammars"
 FORMATS = ("hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "mistral_v3", "json")
