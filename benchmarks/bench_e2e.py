@@ -1,0 +1,134 @@
+"""End-to-end decode speed on a tiny CPU model: tokens/s with and without `MaskProcessor` (and xgrammar's processor).
+
+Same model (tiny seeded Llama on the Llama 3 tokenizer, logits 128256 wide), same prompts, greedy decoding, the same
+JSON Schema for both grammar engines. Constrained runs may stop early at EOS, so the figure is time per generated step
+(median of repeats) and the overhead ratio is per step. Every constrained output is checked against a fresh cursor.
+
+Usage: python benchmarks/bench_e2e.py [--quick] [--threads N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from constrain.compiler import compile_json_schema  # noqa: E402
+from constrain.processor import MaskProcessor  # noqa: E402
+from constrain.vocabulary import Vocabulary  # noqa: E402
+from models import hf_tokenizer, tiny_model  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "score": {"type": "number"},
+    },
+    "required": ["name", "tags", "score"],
+    "additionalProperties": False,
+}
+
+
+def xgrammar_processor(tok, vocab_size: int):
+    try:
+        import xgrammar as xgr
+        from xgrammar.contrib.hf import LogitsProcessor
+    except ImportError:
+        return None
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
+    compiled = xgr.GrammarCompiler(info, max_threads=2).compile_json_schema(
+        json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":"))
+    return lambda plen, budget: LogitsProcessor(compiled)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI mode: batch 1, 32 tokens, 2 repeats")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = hf_tokenizer("llama3")
+    vocab = Vocabulary.from_tokenizer(tok)
+    pad = vocab.eos_ids[0]
+    tok.pad_token_id, tok.padding_side = pad, "left"
+    model = tiny_model("llama", 128256 + 64, eos_ids=list(vocab.eos_ids), pad_id=pad, seed=0)
+    index = compile_json_schema(SCHEMA, vocab, whitespace="compact")
+    max_new = 32 if args.quick else 128
+    repeats = 2 if args.quick else 5
+    batches = (1,) if args.quick else (1, 4)
+    contenders = {
+        "unconstrained": None,
+        "constrain": lambda plen, budget: MaskProcessor(index, plen, budget=budget),
+    }
+    xgr = xgrammar_processor(tok, model.config.vocab_size)
+    if xgr is not None:
+        contenders["xgrammar"] = xgr
+    results = []
+    for batch in batches:
+        enc = tok(["Write a JSON record:", "Another one please", "x", "Give me data"][:batch], return_tensors="pt",
+                  padding=True)
+        plen = enc.input_ids.shape[1]
+        entry = {"batch": batch, "max_new_tokens": max_new, "ms_per_step": {}, "steps": {}}
+        for name, make in contenders.items():
+            samples, steps = [], 0
+            for rep in range(repeats + 1):  # the first run warms up (compiles the kernel, fills index rows)
+                procs = [] if make is None else [make(plen, max_new)]
+                t0 = time.perf_counter()
+                out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, logits_processor=procs)
+                dt = time.perf_counter() - t0
+                steps = out.shape[1] - plen
+                if rep:
+                    samples.append(dt / steps)
+                if make is not None:
+                    for r in range(batch):
+                        cursor = index.start()
+                        for t in out[r, plen:].tolist():
+                            cursor.advance(t)
+                            if cursor.is_finished():
+                                break
+                        if name == "constrain" and not cursor.is_accepting():
+                            raise SystemExit(f"constrain output of row {r} is incomplete under the budget")
+            entry["ms_per_step"][name] = statistics.median(samples) * 1e3
+            entry["steps"][name] = steps
+        results.append(entry)
+    print(f"end to end, tiny Llama (128320 logits), greedy, {torch.get_num_threads()} threads, median of {repeats}")
+    names = list(contenders)
+    print("| batch | unconstrained ms/step | " + " | ".join(f"{n} ms/step (x)" for n in names[1:]) + " |")
+    print("|---|---|" + "---|" * (len(names) - 1))
+    for e in results:
+        base = e["ms_per_step"]["unconstrained"]
+        cells = [f"{e['ms_per_step'][n]:.3f} ({e['ms_per_step'][n] / base:.2f}x, {e['steps'][n]} steps)"
+                 for n in names[1:]]
+        print(f"| {e['batch']} | {base:.3f} ({e['steps']['unconstrained']} steps) | " + " | ".join(cells) + " |")
+
+    def ver(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    env = {"python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+           "versions": {p: ver(p) for p in ("torch", "transformers", "xgrammar")}}
+    out = args.json or ROOT / "benchmarks" / "results" / f"bench_e2e{'_quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"env": env, "results": results}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
