@@ -6,10 +6,13 @@ The writing rules and every keyword's guarantee are listed in docs/guarantees.md
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from constrain import automaton as fa
 from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
@@ -50,6 +53,61 @@ STRICT_KEYWORDS = frozenset(
 )
 STRICT_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
 TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+
+def char_length_range(dfa: fa.Dfa) -> tuple[int, int | None]:
+    """(fewest, most) code points of the UTF-8 strings `dfa` accepts; most is None when unbounded.
+
+    A transition counts one code point unless its class holds only UTF-8 continuation bytes (0x80-0xBF).
+    """
+    if dfa.is_empty:
+        return 0, 0
+    n, k = dfa.n_states, dfa.n_classes
+    weight = np.ones(k, np.int64)
+    cont = np.zeros(k, bool)
+    for cls in range(k):
+        members = np.nonzero(dfa.class_of[: fa.N_BYTES] == cls)[0]
+        cont[cls] = len(members) > 0 and bool(((members >= 0x80) & (members <= 0xBF)).all())
+    weight[cont] = 0
+    rows = dfa.rows()
+    # fewest: 0/1-weighted shortest path (deque BFS) from start to any accepting state
+    inf = 1 << 60
+    dist = [inf] * n
+    dist[dfa.start] = 0
+    queue = collections.deque([dfa.start])
+    while queue:
+        s = queue.popleft()
+        for cls, t in enumerate(rows[s]):
+            if t >= 0 and dist[s] + weight[cls] < dist[t]:
+                dist[t] = dist[s] + int(weight[cls])
+                (queue.appendleft if weight[cls] == 0 else queue.append)(t)
+    shortest = min(dist[s] for s in range(n) if dfa.accepting[s])
+    # most: longest path in the DAG (None on any cycle: every state is live, so a cycle is reachable and co-reachable)
+    indegree = [0] * n
+    for s in range(n):
+        for t in rows[s]:
+            if t >= 0:
+                indegree[t] += 1
+    order, ready = [], [s for s in range(n) if indegree[s] == 0]
+    while ready:
+        s = ready.pop()
+        order.append(s)
+        for t in rows[s]:
+            if t >= 0:
+                indegree[t] -= 1
+                if indegree[t] == 0:
+                    ready.append(t)
+    if len(order) < n:
+        return shortest, None
+    longest = [-inf] * n
+    longest[dfa.start] = 0
+    for s in order:
+        if longest[s] < 0:
+            continue
+        for cls, t in enumerate(rows[s]):
+            if t >= 0:
+                longest[t] = max(longest[t], longest[s] + int(weight[cls]))
+    return shortest, max(longest[s] for s in range(n) if dfa.accepting[s])
+
 
 _ANY_STRING: dict[tuple[str, str, int], fa.Dfa] = {}
 
@@ -537,11 +595,19 @@ class _Compiler:
             parts.append(_formats.format_expr(name, pointer=where))
         if not parts and not lo and hi is None:
             return ANY_TEXT_ANY_LENGTH
-        if lo or hi is not None or not parts:
-            parts.append(fa.repeat(fa.ANY_CHAR, lo, hi))
+        if not parts:
+            return fa.repeat(fa.ANY_CHAR, lo, hi)
         expr = parts[0]
         for part in parts[1:]:
             expr = fa.intersect(expr, part)
+        if lo or hi is not None:
+            # a pattern or format whose own lengths already lie within the bounds needs no length counter (the
+            # product with one costs up to (states x maxLength) states: e.g. format email with maxLength 1024)
+            shape = fa.compile(expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            shortest, longest = char_length_range(shape)
+            if shortest >= lo and longest is not None and (hi is None or longest <= hi):
+                return shape
+            expr = fa.intersect(shape, fa.repeat(fa.ANY_CHAR, lo, hi))
         return expr
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
