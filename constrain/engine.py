@@ -1,0 +1,386 @@
+"""The serving engine: a transformers model, its chat template and vocabulary; request bodies in, generated token ids out.
+
+A request is validated and rendered on the caller's thread (`Engine.prepare`), then one worker thread compiles its
+policy (cached) and generates with `MaskProcessor` (or freely, for validation afterwards), reporting events to the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from constrain.errors import RequestError
+from constrain.policy import Policy
+from constrain.protocol import ChatRequest
+
+__all__ = ["Engine", "Job", "QueueFull", "RequestTimeout"]
+
+log = logging.getLogger("constrain.serve")
+
+DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens (raised to the shortest valid output when constrained)
+TOOL_FORMATS = ("auto", "hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "mistral_v3", "json")
+
+
+class QueueFull(Exception):
+    """The request queue is full (HTTP 429)."""
+
+
+class RequestTimeout(Exception):
+    """The request ran past the server's `--timeout` (HTTP 504)."""
+
+
+@dataclass
+class Job:
+    """One request on its way through the worker. `sink` receives the events, on the worker thread:
+
+    ("ready", {"index", "compile_ms", "cache_hit"}) once compiled; ("token", id) per generated token;
+    ("done", {"ids", "finish_reason", "prompt_tokens", "completion_tokens", "seconds"}); or ("error", exception)
+    instead of "ready"/"done" (a `RequestError`, `RequestTimeout`, or any other exception = internal).
+    """
+
+    request: ChatRequest
+    policy: Policy
+    prompt_ids: list[int]
+    max_new_tokens: int
+    max_tokens_pointer: str | None  # where the request said max_tokens (None: the server's default)
+    thinking: bool
+    tool_format: str
+    deadline: float
+    sink: Callable[[tuple[str, Any]], None] = lambda event: None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop generating for this job at the next step (the client went away)."""
+        self.cancelled.set()
+
+
+class Engine:
+    """A loaded model served one request at a time by a worker thread, with a bounded queue of waiting requests.
+
+    Args:
+        model_dir: a transformers model directory (weights, tokenizer, chat template).
+        tool_format: a format name of `constrain.grammar.FORMATS`, or "auto" (detected from the chat template; a
+            template without tool calls serves text only and refuses required/named `tool_choice`).
+        constrained: constrain generation with `MaskProcessor` (else generate freely and validate afterwards).
+        max_queue: requests that may wait while one generates (more → `QueueFull`).
+        timeout: seconds a request may take from submission to its last token (→ `RequestTimeout`).
+        demo: the directory is the embedded demo model (labelled so in `/v1/models` and the log).
+        threads: torch's intra-op threads (None: 1 for the demo model, whose steps are too small to split, else
+            torch's default).
+    Raises:
+        ValueError: an unknown `tool_format`, or a named format the template cannot be used with.
+    """
+
+    def __init__(self, model_dir: str | Path, *, tool_format: str = "auto", constrained: bool = False,
+                 max_queue: int = 16, timeout: float = 120.0, demo: bool = False, threads: int | None = None):
+        import torch
+        import transformers
+
+        from constrain.templates import NoToolFormat, detect_format
+        from constrain.vocabulary import Vocabulary
+
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
+        if threads or demo:
+            torch.set_num_threads(threads or 1)
+        self.model_dir = Path(model_dir)
+        self.demo = demo
+        self.constrained = constrained
+        self.timeout = float(timeout)
+        self.name = self.model_dir.name
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        template = self.tokenizer.chat_template
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"{self.model_dir} has no chat template")
+        self.template = template
+        gen_eos = self.model.generation_config.eos_token_id
+        eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = tuple(eos)
+        self.vocab = Vocabulary.from_tokenizer(self.tokenizer, eos_ids=eos or None,
+                                               vocab_size=self.model.config.vocab_size)
+        self.pad_id = self.model.generation_config.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+        if tool_format == "auto":
+            try:
+                self.native_format: str | None = detect_format(template)
+            except NoToolFormat as err:
+                log.info("chat template has no supported tool-call format (%s): text only, "
+                         "required/named tool_choice refused", err)
+                self.native_format = None
+        else:
+            self.native_format = tool_format
+        # Text and response_format need a format too; without a native one, the project's plain JSON format.
+        self.tool_format = self.native_format or "json"
+        self._default_thinking = self._template_thinks_by_default()
+        self._warm_up()
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max(int(max_queue), 0) or 1)
+        self._worker = threading.Thread(target=self._run, name="constrain-engine", daemon=True)
+        self._worker.start()
+
+    @classmethod
+    def load(cls, model_dir: str | Path | None = None, **options: Any) -> Engine:
+        """The engine of `model_dir`, or of the embedded demo model (built and cached on first use) when None."""
+        if model_dir is None:
+            from constrain.demo_model import ensure_demo_model
+
+            return cls(ensure_demo_model(), demo=True, **options)
+        return cls(model_dir, **options)
+
+    def _template_thinks_by_default(self) -> bool:
+        """The template opens a thinking turn unless told `enable_thinking: false` (Qwen3 hybrid models)."""
+        from constrain.grammar import load_format
+
+        if "enable_thinking" not in self.template or not load_format(self.tool_format).has("think"):
+            return False
+        msgs = [{"role": "user", "content": "x"}]
+        try:
+            default = self._render(msgs, None, {})
+            on = self._render(msgs, None, {"enable_thinking": True})
+        except Exception:  # noqa: BLE001 - a template that cannot say: thinking stays off
+            return False
+        return default == on
+
+    def _warm_up(self) -> None:
+        """One short generation (and, when constrained, one masked step) so the first request pays no one-off cost
+        (the mask kernel is compiled by torch.compile on its first call)."""
+        job = self.prepare({"messages": [{"role": "user", "content": "hi"}], "temperature": 0})
+        job.max_new_tokens = 2  # raised to the shortest valid output when constrained (no max_tokens was asked)
+        self._serve(job)
+
+    # ---- requests
+
+    def describe(self) -> dict[str, Any]:
+        """The `/v1/models` entry of the served model."""
+        return {"id": self.name, "object": "model", "created": 0, "owned_by": "constrain",
+                "demo": self.demo, "tool_format": self.native_format, "constrained_tools": self.constrained}
+
+    def prepare(self, body: Any) -> Job:
+        """Validate a request body and render its prompt.
+
+        Raises:
+            RequestError: an invalid request (with `pointer` and `code`), including required/named `tool_choice`
+                on a template without tool calls, `stop` sequences (not supported), a template that refuses the
+                conversation, or a prompt longer than the context.
+        """
+        request = ChatRequest.from_body(body)
+        policy = Policy.from_chat_request(request)
+        if policy.mode == "required" and self.native_format is None:
+            raise RequestError(
+                f"Invalid value for 'tool_choice': the model {self.name!r} has a chat template without tool calls, "
+                "so no tool call can be forced", pointer="/tool_choice", code="invalid_value")
+        if request.stop:
+            raise RequestError("'stop' sequences are not supported by this server", pointer="/stop",
+                               code="unsupported_value")
+        kwargs = dict(request.chat_template_kwargs or {})
+        thinking = request.enable_thinking if request.enable_thinking is not None else self._default_thinking
+        try:
+            prompt = self._render(_template_messages(body["messages"]), body.get("tools"), kwargs)
+        except Exception as err:  # noqa: BLE001 - jinja errors and raise_exception() inside the template
+            raise RequestError(f"the chat template cannot render these messages: {type(err).__name__}: {err}",
+                               pointer="/messages", code="invalid_value") from err
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+        room = self.context_length - len(prompt_ids)
+        pointer = None
+        if request.max_tokens is not None:
+            pointer = "/max_completion_tokens" if body.get("max_completion_tokens") is not None else "/max_tokens"
+        max_new = request.max_tokens if request.max_tokens is not None else min(DEFAULT_MAX_TOKENS, room)
+        if room < 1 or max_new > room:
+            raise RequestError(
+                f"This model's maximum context length is {self.context_length} tokens; the prompt has "
+                f"{len(prompt_ids)} and max_tokens asks {max_new} more", pointer=pointer or "/messages",
+                code="context_length_exceeded")
+        return Job(request=request, policy=policy, prompt_ids=prompt_ids, max_new_tokens=max_new,
+                   max_tokens_pointer=pointer, thinking=bool(thinking), tool_format=self.tool_format,
+                   deadline=time.monotonic() + self.timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a prepared job. Raises QueueFull when `max_queue` jobs are already waiting."""
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full as err:
+            raise QueueFull(f"{self._queue.maxsize} requests are already waiting; retry later") from err
+
+    def close(self) -> None:
+        """Stop the worker after the job it is running."""
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    def _render(self, messages: list[dict], tools: Any, kwargs: dict) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                  tokenize=False, **kwargs)
+
+    # ---- the worker
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                self._serve(job)
+            except Exception as err:  # noqa: BLE001 - reported to the job; the server answers 400 or 500
+                if not isinstance(err, (RequestError, RequestTimeout)):
+                    log.exception("request failed")
+                job.sink(("error", err))
+
+    def _serve(self, job: Job) -> None:
+        import torch
+
+        from constrain.compiler import DEFAULT_CACHE, compile_index
+
+        if time.monotonic() > job.deadline:
+            raise RequestTimeout(f"the request waited longer than the server's {self.timeout:g} s timeout")
+        if job.cancelled.is_set():
+            job.sink(("done", None))
+            return
+        hits = DEFAULT_CACHE.hits
+        t0 = time.perf_counter()
+        index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        cache_hit = DEFAULT_CACHE.hits > hits
+        processors = []
+        if self.constrained:
+            need = index.min_tokens_from_start()
+            if job.max_new_tokens < need:
+                if job.max_tokens_pointer is None:  # the server's default: raise it to what the output needs
+                    job.max_new_tokens = need
+                else:
+                    raise RequestError(
+                        f"max_tokens is {job.max_new_tokens}, below the {need} tokens the shortest valid reply under "
+                        f"this request's tool policy needs; set max_tokens to at least {need}",
+                        pointer=job.max_tokens_pointer, code="invalid_value")
+            from constrain.processor import MaskProcessor
+
+            processors.append(MaskProcessor(index, len(job.prompt_ids), budget=job.max_new_tokens))
+        job.sink(("ready", {"index": index, "compile_ms": compile_ms, "cache_hit": cache_hit}))
+        request = job.request
+        temperature = 1.0 if request.temperature is None else request.temperature
+        sampling: dict[str, Any] = {"do_sample": temperature > 0}
+        if temperature > 0:
+            sampling.update(temperature=temperature, top_p=1.0 if request.top_p is None else request.top_p, top_k=0)
+        if request.seed is not None:
+            torch.manual_seed(request.seed)
+        hook = _Hook(job, len(job.prompt_ids))
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([job.prompt_ids]), attention_mask=torch.ones(1, len(job.prompt_ids), dtype=torch.long),
+                max_new_tokens=job.max_new_tokens, min_new_tokens=0, logits_processor=processors,
+                stopping_criteria=[hook], eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id,
+                repetition_penalty=None, **sampling)
+        seconds = time.perf_counter() - t1
+        ids = out[0, len(job.prompt_ids):].tolist()
+        hook.flush(ids)
+        if job.cancelled.is_set():
+            self._log(job, "cancelled", compile_ms, cache_hit, len(ids), seconds)
+            job.sink(("done", None))
+            return
+        if hook.timed_out:
+            self._log(job, "timeout", compile_ms, cache_hit, len(ids), seconds)
+            raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout")
+        eos = set(self.eos_ids)
+        cut = next((k + 1 for k, t in enumerate(ids) if t in eos), None)
+        if cut is not None:
+            ids, finish = ids[:cut], "stop"
+        elif self.constrained and _accepts(index, ids):
+            finish = "stop"  # budget-aware masking: the output is complete when the budget runs out
+        else:
+            finish = "length"
+        self._log(job, finish, compile_ms, cache_hit, len(ids), seconds)
+        job.sink(("done", {"ids": ids, "finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
+                           "completion_tokens": len(ids), "reasoning_tokens": self._reasoning_tokens(job, ids),
+                           "seconds": seconds}))
+
+    def _reasoning_tokens(self, job: Job, ids: list[int]) -> int:
+        """Tokens of the thinking block: up to and including its closing tag (all of them when it never closed)."""
+        from constrain.grammar import load_format
+
+        if not job.thinking:
+            return 0
+        close = load_format(job.tool_format).special_texts().get("THINK_CLOSE")
+        close_id = self.vocab.special_tokens.get(close) if close else None
+        if close_id is None:
+            return 0
+        return ids.index(close_id) + 1 if close_id in ids else len(ids)
+
+    def _log(self, job: Job, outcome: str, compile_ms: float, cache_hit: bool, n: int, seconds: float) -> None:
+        policy = job.policy
+        choice = "named" if policy.named else policy.mode
+        log.info("request mode=%s tool_choice=%s stream=%s format=%s thinking=%s compile=%s %.1fms "
+                 "prompt_tokens=%d completion_tokens=%d tokens/s=%.1f outcome=%s%s",
+                 "constrained" if self.constrained else "free", choice, job.request.stream, job.tool_format,
+                 job.thinking, "hit" if cache_hit else "miss", compile_ms, len(job.prompt_ids), n,
+                 n / seconds if seconds > 0 else 0.0, outcome, " (demo model)" if self.demo else "")
+
+
+class _Hook:
+    """A stopping criterion that reports each new token to the job and stops on cancel or deadline."""
+
+    def __init__(self, job: Job, prompt_length: int):
+        self.job = job
+        self.prompt_length = prompt_length
+        self.sent = 0
+        self.timed_out = False
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.flush(input_ids[0, self.prompt_length:].tolist())
+        stop = self.job.cancelled.is_set()
+        if time.monotonic() > self.job.deadline:
+            self.timed_out = stop = True
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    def flush(self, ids: list[int]) -> None:
+        for t in ids[self.sent:]:
+            self.job.sink(("token", t))
+        self.sent = max(self.sent, len(ids))
+
+
+def _accepts(index: Any, ids: list[int]) -> bool:
+    state = index.start()
+    try:
+        for t in ids:
+            state.advance(t)
+    except Exception:  # noqa: BLE001 - a token outside the language: not a complete output
+        return False
+    return state.is_accepting()
+
+
+def _template_messages(messages: list[dict]) -> list[dict]:
+    """Request messages as chat templates read them: text parts joined, call arguments as objects (HF convention)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = "".join(p.get("text") or p.get("refusal") or "" for p in content if isinstance(p, dict))
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = dict(c)
+                fn = dict(c.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                c["function"] = fn
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
