@@ -1,4 +1,4 @@
-"""Command line: `constrain compile` (a schema → automaton and token-mask figures)."""
+"""Command line: `constrain compile` (a schema → automaton and token-mask figures), `constrain serve` (the OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,31 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from constrain.engine import Engine
+    from constrain.server import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("constrain.serve")
+    t0 = time.perf_counter()
+    engine = Engine.load(args.model, tool_format=args.tool_format, constrained=args.constrained_tools,
+                         max_queue=args.max_queue, timeout=args.timeout, threads=args.threads)
+    log.info("model %s%s loaded in %.1f s: tool format %s, %s tools, queue %d, timeout %g s",
+             engine.name, " (DEMO: tiny random weights, output is noise)" if engine.demo else "",
+             time.perf_counter() - t0, engine.native_format or "none (text only)",
+             "constrained" if engine.constrained else "free (validated after generation)", args.max_queue,
+             args.timeout)
+    log.info("listening on http://%s:%d/v1", args.host, args.port)
+    uvicorn.run(create_app(engine, api_key=args.api_key), host=args.host, port=args.port, log_level="warning",
+                access_log=False)
+    engine.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="constrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,7 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--strict", action="store_true", help="OpenAI strict mode")
     comp.add_argument("--max-tokens", type=int, default=200)
     comp.add_argument("--seed", type=int, default=0)
+    serve = sub.add_parser("serve", help="serve a transformers model over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", default=None, help="a local transformers model directory (default: the embedded "
+                       "demo model, a tiny random Qwen3 on the real Qwen3 tokenizer and chat template)")
+    serve.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_xml", "gemma4", "llama3_json",
+                                                                 "mistral", "mistral_v3", "json"))
+    serve.add_argument("--constrained-tools", action="store_true",
+                       help="constrain generation to the request's tool policy (else validate after generation)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait (more: 429)")
+    serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request (more: 504)")
+    serve.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for the demo model)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     return _compile(args)
 
 
