@@ -100,12 +100,12 @@ def token_level(cases: list, results: dict, n_cases: int = 40, walks: int = 5) -
     print(f"\ntoken level (Llama 3, {min(n_cases, len(pool))} schemas): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
 
 
-def _progress(name: str, checkpoint: Path | None):
+def _progress(name: str, checkpoint: Path | None, done: dict):
     def report(results: dict, total: int) -> None:
         if len(results) % 50 == 0 or len(results) == total:
-            print(f"  {name}: {len(results)}/{total}", file=sys.stderr, flush=True)
+            print(f"  {name}: {len(results)}/{total} (+{len(done)} resumed)", file=sys.stderr, flush=True)
             if checkpoint is not None:
-                checkpoint.write_text(json.dumps({"corpus": name, "total": total, "results": results}, default=str))
+                checkpoint.write_text(json.dumps({"corpus": name, "results": {**done, **results}}, default=str))
 
     return report
 
@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the per-schema results and environment here")
     ap.add_argument("--token-level", action="store_true")
     ap.add_argument("--checkpoint", type=Path, help="rewrite the results so far here every 50 schemas (JSON)")
+    ap.add_argument("--resume", type=Path, help="a --checkpoint file of an interrupted run: only the schemas it lacks are run")
     ap.add_argument("--shuffle", action="store_true", help="run the schemas in a seeded random order (so a checkpoint is a fair sample)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the worker pool's cleanup runs
@@ -133,8 +134,13 @@ def main() -> int:
             cases = corpus.sample(cases, 3)
         if args.shuffle:
             random.Random(0).shuffle(cases)
+        done: dict = {}
+        if args.resume is not None:
+            saved = json.loads(args.resume.read_text())
+            done = saved["results"] if saved["corpus"] == name else {}
         start = time.monotonic()
-        results = corpus.run_cases(cases, workers=args.workers, progress=_progress(name, args.checkpoint))
+        todo = [c for c in cases if c.id not in done]
+        results = {**done, **corpus.run_cases(todo, workers=args.workers, progress=_progress(name, args.checkpoint, done))}
         print_table(f"{name}: {len(cases)} schemas in {time.monotonic() - start:.0f} s", cases, results)
         print_reasons(results)
         crashes = [cid for cid, r in results.items() if r["status"] in ("crash", "hang")]

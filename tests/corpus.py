@@ -383,6 +383,9 @@ def judge(dfa: Any, oracle: Any, writer: CanonicalWriter | None, inst: Instance,
         return "oracle_error"
     try:
         text = writer.text(inst.data)
+        # the text must denote a value of the same validity (draft 4: `1.0` is not an integer, its text `1` is)
+        if oracle.is_valid(json.loads(text)) != valid:
+            raise NotCanonicalisable("the canonical text changes the instance's validity")
     except NotCanonicalisable:
         return "not_canonicalisable"
     accepted = dfa.matches(text)
