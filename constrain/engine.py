@@ -211,6 +211,10 @@ class Engine:
         except queue.Full as err:
             raise QueueFull(f"{self._queue.maxsize} requests are already waiting; retry later") from err
 
+    def queued(self) -> int:
+        """Requests waiting for the worker (the one generating not counted)."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Stop the worker after the job it is running."""
         try:
@@ -361,13 +365,16 @@ def _accepts(index: Any, ids: list[int]) -> bool:
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:
-    """Request messages as chat templates read them: text parts joined, call arguments as objects (HF convention)."""
+    """Request messages as chat templates read them: text parts joined, null content as "", call arguments as
+    objects (HF convention)."""
     out = []
     for m in messages:
         m = dict(m)
         content = m.get("content")
         if isinstance(content, list):
             m["content"] = "".join(p.get("text") or p.get("refusal") or "" for p in content if isinstance(p, dict))
+        elif content is None:  # an assistant turn of only calls: templates read `message.content` as a string
+            m["content"] = ""
         if m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:

@@ -1,0 +1,141 @@
+"""Test helpers for `constrain serve`: a real server subprocess on a free loopback port, and checks of what it returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 240  # import torch + transformers, load, warm up the mask kernel; all servers start at once
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m constrain serve ARGS` on 127.0.0.1; `start()` does not wait, `wait_ready()` does; `stop()` ends it."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path):
+        self.name = name
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = log_dir / f"server-{name}.log"
+        self.args = [sys.executable, "-m", "constrain", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server {self.name} not ready after {START_TIMEOUT_S} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+def text_only_model(dest: Path) -> Path:
+    """A copy of the demo model whose chat template knows no tools (Qwen2's plain ChatML template)."""
+    from constrain import assets
+    from constrain.demo_model import ensure_demo_model
+
+    src = ensure_demo_model()
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name == "model.safetensors":
+            os.symlink(f, dest / f.name)
+        elif f.is_file():
+            shutil.copy(f, dest / f.name)
+    (dest / "constrain_demo.json").unlink()
+    template = (assets.cache_dir() / "hf-tokenizers" / "qwen2" / "chat_template.jinja")
+    text = template.read_text(encoding="utf-8") if template.is_file() else (
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + "
+        "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    (dest / "chat_template.jinja").write_text(text, encoding="utf-8")
+    return dest
+
+
+def raw_sse(base_url: str, body: dict, api_key: str | None = None) -> list[str]:
+    """The `data:` payloads of a streamed request, as sent (including `[DONE]`)."""
+    req = urllib.request.Request(base_url + "/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = r.read().decode()
+    return [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def reassemble(chunks: list[Any]) -> dict[str, Any]:
+    """Streamed `ChatCompletionChunk`s → the message they spell: content, reasoning, calls by `index`, finish."""
+    content, reasoning, calls, finish = None, None, {}, None
+    for ch in chunks:
+        for choice in ch.choices:
+            d = choice.delta
+            if d.content is not None:
+                content = (content or "") + d.content
+            extra = getattr(d, "reasoning_content", None)
+            if extra is not None:
+                reasoning = (reasoning or "") + extra
+            for tc in d.tool_calls or []:
+                if tc.index not in calls:
+                    assert tc.id and tc.id.startswith("call_") and tc.function.name, "first delta of a call: id, name"
+                    assert tc.function.arguments == "", "first delta of a call carries empty arguments"
+                    calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": ""}
+                else:
+                    assert tc.id is None and tc.function.name is None, "id and name come once per call"
+                    calls[tc.index]["arguments"] += tc.function.arguments or ""
+            if choice.finish_reason is not None:
+                assert finish is None, "one finish chunk"
+                finish = choice.finish_reason
+    return {"content": content, "reasoning_content": reasoning,
+            "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+
+
+def whole(resp: Any) -> dict[str, Any]:
+    """A non-streamed response in `reassemble`'s shape."""
+    choice = resp.choices[0]
+    msg = choice.message
+    return {"content": msg.content, "reasoning_content": getattr(msg, "reasoning_content", None),
+            "tool_calls": [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                           for c in msg.tool_calls or []],
+            "finish_reason": choice.finish_reason}
+
+
+def without_ids(message: dict[str, Any]) -> dict[str, Any]:
+    return {**message, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in message["tool_calls"]]}
