@@ -8,7 +8,11 @@ import jsonschema
 import pytest
 
 import constrain
-from conftest import FQCN, entry_point_registered
+
+from conftest import FQCN, HAVE_VLLM, entry_point_registered
+
+if not HAVE_VLLM:
+    pytest.skip("vLLM runs in .venv-vllm (.ci/vllm)", allow_module_level=True)
 
 WEATHER = {
     "type": "function",
@@ -63,9 +67,20 @@ def check_calls(message: dict, tools: list[dict], finish_reason: str = "tool_cal
     return calls
 
 
-def test_processor_is_loaded(llm):
-    # Through the entry point once pyproject registers it, else through logits_processors=[FQCN].
-    assert entry_point_registered() or FQCN
+def test_both_loaders_accept_the_class():
+    """vLLM's V1 loader and Model Runner V2's loader (which rejects V1-only classes) both take the one class."""
+    from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import (
+        _load_v2_logitsprocs_by_fqcns,
+        _load_v2_logitsprocs_plugins,
+    )
+
+    from constrain.vllm_plugin import ConstrainLogitsProcessor
+
+    assert _load_logitsprocs_by_fqcns([FQCN]) == [ConstrainLogitsProcessor]
+    assert _load_v2_logitsprocs_by_fqcns([FQCN]) == [ConstrainLogitsProcessor]
+    if entry_point_registered():
+        assert ConstrainLogitsProcessor in _load_v2_logitsprocs_plugins()
 
 
 def test_constrained_next_to_unconstrained(llm, vocab):

@@ -12,7 +12,11 @@ import time
 import pytest
 
 import constrain
-from conftest import FQCN, entry_point_registered
+
+from conftest import FQCN, HAVE_VLLM, entry_point_registered
+
+if not HAVE_VLLM:
+    pytest.skip("vLLM runs in .venv-vllm (.ci/vllm)", allow_module_level=True)
 from test_offline import PROMPT, TIME, WEATHER, check_calls, constraint, index_of
 
 
