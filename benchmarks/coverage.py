@@ -4,6 +4,8 @@ Prints one table per corpus (schemas, compiled %, false accepts/rejects, compile
 reasons; `--update` rewrites tests/baselines/*.json, which tests/test_corpus.py ratchets against.
 
     python benchmarks/coverage.py [--quick] [--update] [--corpus NAME ...] [--json OUT] [--token-level]
+    python benchmarks/coverage.py --update --corpus jsonschemabench --resume tests/baselines/jsonschemabench.json
+        (completes a partial baseline: only the schemas it lacks are compiled)
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the per-schema results and environment here")
     ap.add_argument("--token-level", action="store_true")
     ap.add_argument("--checkpoint", type=Path, help="rewrite the results so far here every 50 schemas (JSON)")
-    ap.add_argument("--resume", type=Path, help="a --checkpoint file of an interrupted run: only the schemas it lacks are run")
+    ap.add_argument("--resume", type=Path, help="a --checkpoint file, or a partial baseline (tests/baselines/<corpus>.json): only the schemas it lacks are run")
     ap.add_argument("--shuffle", action="store_true", help="run the schemas in a seeded random order (so a checkpoint is a fair sample)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the worker pool's cleanup runs
@@ -137,7 +139,10 @@ def main() -> int:
         done: dict = {}
         if args.resume is not None:
             saved = json.loads(args.resume.read_text())
-            done = saved["results"] if saved["corpus"] == name else {}
+            if "schemas" in saved:  # a baseline file: its statuses and verdicts stand for results
+                done = {cid: {"instances": {}, **r} for cid, r in saved["schemas"].items()} if args.resume.stem == name else {}
+            else:
+                done = saved["results"] if saved["corpus"] == name else {}
         start = time.monotonic()
         todo = [c for c in cases if c.id not in done]
         results = {**done, **corpus.run_cases(todo, workers=args.workers, progress=_progress(name, args.checkpoint, done))}
