@@ -282,7 +282,11 @@ class _Compiler:
         self.ignored: list[str] = []
         self.relaxed: list[tuple[str, str]] = []
         self.syntax: JsonSyntax = opts.syntax or JsonSyntax(opts.whitespace)
-        self._any_cache: dict[tuple[str, int], fa.Expr] = {}
+        self._any_cache: dict[tuple[str, int, int], fa.Expr] = {}
+        # Under a oneOf, every object orders its keys by one ranking of the names the oneOf mentions (and gives each
+        # ranked name a slot wherever it may appear), so a value has one text in every branch: that is what makes
+        # "valid against exactly one branch" checkable on texts. None elsewhere (keys in schema order).
+        self.key_rank: dict[str, int] | None = None
         self._memo: dict[tuple[int, tuple[str, ...], str], fa.Expr] = {}
 
     def unsupported(self, message: str, pointer: str) -> None:
@@ -290,6 +294,40 @@ class _Compiler:
         if not self.opts.relax:
             raise UnsupportedSchema(message, pointer=pointer)
         self.relaxed.append((pointer, message))
+
+    def ranked(self, schemas: list[Any]) -> "_Compiler":
+        """This compiler with a key ranking covering every property name mentioned in `schemas` (see `key_rank`)."""
+        rank = dict(self.key_rank or {})
+        seen: set[int] = set()
+
+        def visit(node: Any) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    visit(item)
+                return
+            if not isinstance(node, dict) or id(node) in seen:
+                return
+            seen.add(id(node))
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                try:
+                    visit(self.lookup(ref, "")[0])
+                except (InvalidSchema, UnsupportedSchema):
+                    pass  # the compile itself reports a bad $ref where it meets it
+            for name in list((node.get("properties") or {}) if isinstance(node.get("properties"), dict) else ()):
+                rank.setdefault(name, len(rank))
+            for name in node.get("required") or () if isinstance(node.get("required"), list) else ():
+                if isinstance(name, str):
+                    rank.setdefault(name, len(rank))
+            for key, value in node.items():
+                if key not in ("enum", "const", "examples", "default"):
+                    visit(value)
+
+        visit(schemas)
+        other = object.__new__(_Compiler)
+        other.__dict__.update(self.__dict__)
+        other.key_rank = rank
+        return other
 
     def nested(self, syntax: JsonSyntax) -> "_Compiler":
         """This compiler, writing with another syntax (caches and budgets shared)."""
@@ -312,7 +350,7 @@ class _Compiler:
             return fa.NOTHING
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer=pointer)
-        key = (id(schema), refs, self.syntax.name)
+        key = (id(schema), refs, self.syntax.name, id(self.key_rank))
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -511,11 +549,12 @@ class _Compiler:
                 if not isinstance(branches, list) or not branches:
                     raise InvalidSchema(f"'{key}' must be a non-empty array", pointer=join_pointer(pointer, key))
                 rest = {k: v for k, v in schema.items() if k != key}
+                compiler = self if key == "anyOf" else self.ranked([rest, *branches])
                 exprs = []
                 for i, branch in enumerate(branches):
                     bp = join_pointer(pointer, key, i)
                     combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
-                    exprs.append(self.value(combined, bp, refs))
+                    exprs.append(compiler.value(combined, bp, refs))
                 if key == "anyOf":
                     return fa.union(*exprs)
                 return self.exactly_one(exprs, pointer)
@@ -662,7 +701,11 @@ class _Compiler:
         if isinstance(value, list):
             return fa.concat(syntax.arr_open, fa.sequence_of([inner.literal_value(v) for v in value], syntax.item_sep), syntax.arr_close)
         if isinstance(value, dict):
-            items = sorted(value.items(), key=lambda kv: kv[0].lower()) if syntax.sort_keys else list(value.items())
+            items = list(value.items())
+            if syntax.sort_keys:
+                items.sort(key=lambda kv: kv[0].lower())
+            elif self.key_rank is not None:
+                items.sort(key=lambda kv: self.key_rank.get(kv[0], len(self.key_rank)))
             members = [syntax.member(syntax.key(k), inner.literal_value(v)) for k, v in items]
             return fa.concat(syntax.obj_open, fa.sequence_of(members, syntax.member_sep), syntax.obj_close)
         raise InvalidSchema(f"not a JSON value: {value!r}", pointer="")
@@ -690,7 +733,8 @@ class _Compiler:
     def any_value(self, depth: int) -> fa.Expr:
         """Any JSON value in this syntax, arrays and objects nested at most `depth` levels."""
         syntax = self.syntax
-        hit = self._any_cache.get((syntax.name, depth))
+        cache_key = (syntax.name, depth, id(self.key_rank))
+        hit = self._any_cache.get(cache_key)
         if hit is not None:
             return hit
         from constrain import numbers as _numbers
@@ -701,11 +745,17 @@ class _Compiler:
             inner = inner_compiler.any_value(depth - 1)
             container = syntax.child() if syntax.containers_as_json else syntax
             items = fa.optional(fa.concat(inner, fa.repeat(fa.concat(container.item_sep, inner), 0)))
-            member = container.member(container.extra_key(ANY_TEXT), inner)
-            members = fa.optional(fa.concat(member, fa.repeat(fa.concat(container.member_sep, member), 0)))
+            rank = self.key_rank
+            if rank is None or syntax.sort_keys:
+                member = container.member(container.extra_key(ANY_TEXT), inner)
+                members = fa.optional(fa.concat(member, fa.repeat(fa.concat(container.member_sep, member), 0)))
+            else:  # ranked names in rank order, then any other keys
+                others = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in rank)))
+                slots = [(container.member(container.key(n), inner), False) for n in sorted(rank, key=rank.get)]
+                members = inner_compiler.nested(container).members_uncounted(slots, container.member(container.extra_key(others), inner))
             values += [fa.concat(container.arr_open, items, container.arr_close), fa.concat(container.obj_open, members, container.obj_close)]
         expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline)
-        self._any_cache[(syntax.name, depth)] = expr
+        self._any_cache[cache_key] = expr
         return expr
 
     # -- arrays --------------------------------------------------------------------------
@@ -801,8 +851,19 @@ class _Compiler:
             if is_required and value == fa.NOTHING:
                 return fa.NOTHING
         slots = [s for s in slots if s[1] != fa.NOTHING]
+        rank = self.key_rank
+        if rank is not None and extra is not False:
+            # a ranked name this object does not declare may still come as an extra property: give it its slot
+            extra_value = inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
+            if extra_value != fa.NOTHING:
+                for name in rank:
+                    if name not in declared and (names_expr is None or fa.compile(names_expr).matches(name.encode())):
+                        slots.append((name, extra_value, False))
+            declared |= set(rank)
         if syntax.sort_keys:
             slots.sort(key=lambda slot: slot[0].lower())
+        elif rank is not None:
+            slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
         extra_member = None
         if extra is not False:
