@@ -863,17 +863,20 @@ class StreamParser:
             raise ValueError("StreamParser.finish called twice")
         events, reason = _outcome(self._decoder, finish_reason)
         self.finish_reason = reason
-        if reason == "length":
-            return []
-        try:
-            return self._send(events)
-        except InternalError:
-            # a failure path (ids outside the language): send what still extends the sent content, nothing else
-            content = "".join(e[2] for e in events if e[0] == "content")
-            sent = "".join(e[2] for e in self._sent if e[0] == "content")
-            if content.startswith(sent) and len(content) > len(sent) and all(e[0] == "content" for e in self._sent):
-                return [{"content": content[len(sent):]}]
-            return []
+        if reason != "length":
+            try:
+                return self._send(events)
+            except InternalError:
+                pass  # a failure path (ids outside the language): only the content below
+        # cut, or unreadable: send what extends the content already sent (text held back because it might have
+        # opened a call is content in the whole reply too), never a call
+        out = []
+        for kind in ("reasoning", "content"):
+            whole = "".join(e[2] for e in events if e[0] == kind)
+            sent = "".join(e[2] for e in self._sent if e[0] == kind)
+            if whole.startswith(sent) and len(whole) > len(sent):
+                out.append({"reasoning_content" if kind == "reasoning" else "content": whole[len(sent):]})
+        return out
 
     def _releasable(self, events: list[Event]) -> list[Event]:
         if self._stream_arguments:

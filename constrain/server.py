@@ -163,7 +163,6 @@ async def _stream(engine: Engine, job: Any, index: Any, events: asyncio.Queue) -
     cid, created = new_completion_id(), int(time.time())
     usage = job.request.include_usage
     parser = StreamParser(index)
-    sent = ""  # content sent so far
 
     def chunk(delta: dict, finish: str | None = None) -> str:
         return _sse(chat_completion_chunk(delta, model=engine.name, id=cid, created=created, finish_reason=finish,
@@ -175,20 +174,12 @@ async def _stream(engine: Engine, job: Any, index: Any, events: asyncio.Queue) -
             kind, value = await events.get()
             if kind == "token":
                 for delta in parser.feed(value):
-                    sent += delta.get("content") or ""
                     yield chunk(delta)
             elif kind == "done":
                 if value is None:
                     return
                 for delta in parser.finish(value["finish_reason"]):
-                    sent += delta.get("content") or ""
                     yield chunk(delta)
-                if parser.finish_reason == "length":
-                    # StreamParser.finish sends nothing on a cut; text it held back (a newline that could have
-                    # opened a call) is content in the whole reply, so the stream must carry it too.
-                    content = parse_output(index, value["ids"], "length").get("content") or ""
-                    if content.startswith(sent) and len(content) > len(sent):
-                        yield chunk({"content": content[len(sent):]})
                 yield chunk({}, parser.finish_reason)
                 if usage:
                     yield _sse(usage_chunk(model=engine.name, id=cid, created=created,

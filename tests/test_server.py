@@ -18,10 +18,10 @@ import urllib.request
 
 import pytest
 
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
+import jsonschema  # noqa: E402  (test extra: a missing package is an install error, never a skip)
+import openai  # noqa: E402
+import starlette  # noqa: E402,F401
+import uvicorn  # noqa: E402,F401
 
 import constrain  # noqa: E402
 from server_utils import Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
