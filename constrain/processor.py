@@ -18,6 +18,31 @@ __all__ = ["MaskProcessor", "apply_token_mask"]
 _DEAD = -2  # slot marker of a node whose prefix left the language (resolved to an all-zero table row)
 
 
+def sync_device_table(
+    host_rows: list[np.ndarray], table: torch.Tensor | None, n_synced: int, n_words: int, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """Copy the host mask rows not yet on `device` into the (grown, if needed) device table.
+
+    Returns the table (capacity ≥ len(host_rows), rows beyond it unused) and the number of rows now on the device.
+    Only rows added since the last call are copied (pinned and non-blocking on CUDA): one small copy per new state.
+    """
+    n = len(host_rows)
+    if table is None or table.device != device:
+        n_synced = 0
+        table = torch.zeros((max(2 * n, 16), n_words), dtype=torch.int32, device=device)
+    elif n > table.shape[0]:
+        grown = torch.zeros((2 * n, n_words), dtype=torch.int32, device=device)
+        grown[:n_synced] = table[:n_synced]
+        table = grown
+    if n > n_synced:
+        fresh = torch.from_numpy(np.stack(host_rows[n_synced:]))
+        if device.type == "cuda":
+            fresh = fresh.pin_memory()
+        table[n_synced:n].copy_(fresh, non_blocking=True)
+        n_synced = n
+    return table, n_synced
+
+
 class MaskProcessor(LogitsProcessor):
     """Constrains `generate` to the language of a `TokenIndex`: per step, every row's disallowed logits become -inf.
 
@@ -220,20 +245,5 @@ class MaskProcessor(LogitsProcessor):
 
     def _sync_table(self, device: torch.device) -> torch.Tensor:
         """The device table with every host row in it; only rows added since the last step are copied."""
-        n = len(self._host_rows)
-        table = self._table
-        if table is None or table.device != device:
-            self._table, self._n_synced = None, 0
-            table = torch.zeros((max(2 * n, 16), self._n_words), dtype=torch.int32, device=device)
-        elif n > table.shape[0]:
-            grown = torch.zeros((2 * n, self._n_words), dtype=torch.int32, device=device)
-            grown[: self._n_synced] = table[: self._n_synced]
-            table = grown
-        if n > self._n_synced:
-            fresh = torch.from_numpy(np.stack(self._host_rows[self._n_synced:]))
-            if device.type == "cuda":
-                fresh = fresh.pin_memory()
-            table[self._n_synced: n].copy_(fresh, non_blocking=True)
-            self._n_synced = n
-        self._table = table
-        return table[:n]
+        self._table, self._n_synced = sync_device_table(self._host_rows, self._table, self._n_synced, self._n_words, device)
+        return self._table[: len(self._host_rows)]

@@ -399,26 +399,11 @@ class ConstrainLogitsProcessor(*_BASES):
 
     def _sync_table(self, device: Any) -> Any:
         """The device table with every host row; only rows added since the last step are copied."""
-        import torch
+        from constrain.processor import sync_device_table
 
-        n = len(self._host_rows)
         n_words = self._host_rows[0].shape[0]
-        table = self._table
-        if table is None or table.device != device:
-            self._n_synced = 0
-            table = torch.zeros((max(2 * n, 16), n_words), dtype=torch.int32, device=device)
-        elif n > table.shape[0]:
-            grown = torch.zeros((2 * n, n_words), dtype=torch.int32, device=device)
-            grown[: self._n_synced] = table[: self._n_synced]
-            table = grown
-        if n > self._n_synced:
-            fresh = torch.from_numpy(np.stack(self._host_rows[self._n_synced:]))
-            if device.type == "cuda":
-                fresh = fresh.pin_memory()
-            table[self._n_synced: n].copy_(fresh, non_blocking=True)
-            self._n_synced = n
-        self._table = table
-        return table[:n]
+        self._table, self._n_synced = sync_device_table(self._host_rows, self._table, self._n_synced, n_words, device)
+        return self._table[: len(self._host_rows)]
 
 
 def _is_swap(direction: Any) -> bool:
