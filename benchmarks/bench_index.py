@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import platform
 import random
 import statistics
@@ -201,7 +202,7 @@ def bench_vocab(label: str, vocab: Vocabulary, dfa, quick: bool) -> dict:
 # --------------------------------------------------------------------------------------------------------------------
 # Token budgets: the min_tokens table per index, budgeted masks below the horizon, the hot path above it
 
-BFCL = "/work/shared/data/bfcl/openai/simple_python.jsonl"
+BFCL = str(Path(os.environ.get("CONSTRAIN_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data") / "bfcl" / "openai" / "simple_python.jsonl")
 BFCL_LINES = (0, 5, 100, 250)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DATA = Path(os.environ.get("CONSTRAIN_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("CONSTRAIN_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import json
 import math
 import multiprocessing
 import multiprocessing.connection
-import os
 import random
 import time
 import traceback
@@ -20,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jsonschema
+from paths import DATA  # noqa: E402
 
-DATA = Path(os.environ.get("CONSTRAIN_DATA", "/work/shared/data"))
+
 BASELINES = Path(__file__).resolve().parent / "baselines"
 
 # Compile options every corpus run uses (the public defaults, spelled out so a default change shows up here).

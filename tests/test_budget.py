@@ -17,6 +17,7 @@ from constrain.errors import InternalError, MaskViolation
 from constrain.index import NO_COMPLETION, TokenIndex, TokenState
 from constrain.schema import compile_schema
 from constrain.vocabulary import Vocabulary
+from paths import DATA  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Synthetic vocabulary: 256 single bytes, JSON-ish multi-byte tokens (so token and byte distances differ), specials.
@@ -325,7 +326,7 @@ def test_random_grammars_min_tokens_and_walks(vocab, expr, seed, extra):
 # ---------------------------------------------------------------------------------------------------------------------
 # Real tokenizers on real tool schemas (BFCL simple_python)
 
-_BFCL = "/work/shared/data/bfcl/openai/simple_python.jsonl"
+_BFCL = str(DATA / "bfcl" / "openai" / "simple_python.jsonl")
 _SCHEMA_LINES = (0, 5, 100, 250)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,9 +14,10 @@ from jsonschema import Draft202012Validator
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema
 from constrain.formats import SUPPORTED_FORMATS, format_expr
+from paths import DATA  # noqa: E402
 
 CHECKER = Draft202012Validator.FORMAT_CHECKER
-SUITE = Path("/work/shared/data/json-schema-test-suite/tests.jsonl")
+SUITE = DATA / "json-schema-test-suite" / "tests.jsonl"
 
 
 def test_checker_has_the_optional_format_libraries():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,8 +18,9 @@ from constrain.errors import UnsupportedSchema
 from constrain.grammar import GRAMMAR_DIR
 from constrain.parse import StreamParser, _gemma4_value, _xml_value, new_call_id, parse_output
 from constrain.policy import Policy
+from paths import DATA  # noqa: E402
 
-BFCL = Path("/work/shared/data/bfcl/openai")
+BFCL = DATA / "bfcl" / "openai"
 VOCAB_OF = {"hermes": "qwen3_vocab", "qwen3_xml": "qwen3_vocab", "json": "qwen3_vocab", "gemma4": "gemma4_vocab",
             "llama3_json": "llama3_vocab", "mistral": "tekken_v11_vocab", "mistral_v3": "tekken_vocab"}
 FORMATS = [f for f in VOCAB_OF if (GRAMMAR_DIR / f"{f}.lark").exists()]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,8 +12,9 @@ from hypothesis import strategies as st
 from constrain.errors import InvalidSchema, RequestError
 from constrain.policy import MAX_PARALLEL_CALLS, Policy, ResponseFormat, ToolSpec
 from constrain.protocol import ChatRequest
+from paths import DATA  # noqa: E402
 
-DATA = Path(os.environ.get("CONSTRAIN_DATA", "/work/shared/data"))
+
 USER = [{"role": "user", "content": "hi"}]
 
 

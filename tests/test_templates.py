@@ -7,7 +7,6 @@ import json
 import os
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,9 @@ from constrain.grammar import FORMATS, load_format
 from constrain.policy import Policy
 from constrain.templates import NoToolFormat, assistant_message, detect_format, render, render_assistant_turn
 from constrain.vocabulary import Vocabulary
+from paths import DATA  # noqa: E402
 
-BFCL = Path("/work/shared/data/bfcl/openai")
+BFCL = DATA / "bfcl" / "openai"
 # Cases per BFCL category in the default run; CONSTRAIN_FULL_GROUND_TRUTH=1 runs all of them.
 PER_CATEGORY = None if os.environ.get("CONSTRAIN_FULL_GROUND_TRUTH") else 12
 
