@@ -310,14 +310,24 @@ class Engine:
 
     def _reasoning_tokens(self, job: Job, ids: list[int]) -> int:
         """Tokens of the thinking block: up to and including its closing tag (all of them when it never closed)."""
+        from lark.grammar import Terminal
+
         from constrain.grammar import load_format
 
         if not job.thinking:
             return 0
-        close = load_format(job.tool_format).special_texts().get("THINK_CLOSE")
+        fmt = load_format(job.tool_format)
+        texts = fmt.special_texts()
+        close = texts.get("THINK_CLOSE")
         close_id = self.vocab.special_tokens.get(close) if close else None
         if close_id is None:
             return 0
+        # a block the model opens itself (hermes <think>, Gemma 4 <|channel>) may be skipped: then nothing is reasoning
+        # (a block the prompt opened, as Qwen3.5's, has no opening token in the output)
+        first = next(iter(fmt.rules["think"].scan_values(lambda v: isinstance(v, Terminal))), None) if fmt.has("think") else None
+        if first is not None and first.name in texts and first.name != "THINK_CLOSE":
+            if not ids or ids[0] != self.vocab.special_tokens.get(texts[first.name]):
+                return 0
         return ids.index(close_id) + 1 if close_id in ids else len(ids)
 
     def _log(self, job: Job, outcome: str, compile_ms: float, cache_hit: bool, n: int, seconds: float) -> None:
