@@ -150,7 +150,7 @@ def main() -> int:
         print_reasons(results)
         crashes = [cid for cid, r in results.items() if r["status"] in ("crash", "hang")]
         for cid in crashes:
-            print(f"CRASH {cid}: {results[cid]['reason']}")
+            print(f"CRASH {cid}: {results[cid].get('reason', '(from the resumed baseline)')}")
         status |= bool(crashes)
         if args.update:
             print(f"wrote {corpus.write_baseline(name, results)}")
