@@ -49,11 +49,37 @@ REQUEST_FIELDS = frozenset(
 # ---------------------------------------------------------------------------
 
 
-class FrozenDict(dict):
-    """A JSON object that cannot change. Equality and hash follow its exact JSON text (key order, 1 vs 1.0 vs true),
-    because key order and number spelling matter to the grammar built from it."""
+class _Canonical:
+    """Equality and hash by exact JSON text (key order, 1 vs 1.0 vs true): they matter to the grammar built from it."""
+
+    __slots__ = ()
+    _base: type = object
+
+    def canonical(self) -> str:
+        """The exact JSON text (keys in order, no spaces); cached."""
+        try:
+            return self._text  # type: ignore[attr-defined]
+        except AttributeError:
+            object.__setattr__(self, "_text", _dump(self))
+            return self._text  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, type(self)):
+            return self.canonical() == other.canonical()
+        return self._base.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(self.canonical())
+
+
+class FrozenDict(_Canonical, dict):
+    """A JSON object that cannot change; equal and hashed by its exact JSON text."""
 
     __slots__ = ("_text",)
+    _base = dict
 
     def _blocked(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a FrozenDict is immutable; copy it with dict(...) or json.loads(json.dumps(...)) first")
@@ -63,30 +89,12 @@ class FrozenDict(dict):
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenDict, (dict(self),))
 
-    def canonical(self) -> str:
-        """The exact JSON text (keys in order, no spaces); cached."""
-        try:
-            return self._text
-        except AttributeError:
-            object.__setattr__(self, "_text", _dump(self))
-            return self._text
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, FrozenDict):
-            return self.canonical() == other.canonical()
-        return dict.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(self.canonical())
-
-
-class FrozenList(list):
+class FrozenList(_Canonical, list):
     """A JSON array that cannot change (see `FrozenDict`)."""
 
     __slots__ = ("_text",)
+    _base = list
 
     def _blocked(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a FrozenList is immutable; copy it with list(...) first")
@@ -95,25 +103,6 @@ class FrozenList(list):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenList, (list(self),))
-
-    def canonical(self) -> str:
-        """The exact JSON text; cached."""
-        try:
-            return self._text
-        except AttributeError:
-            object.__setattr__(self, "_text", _dump(self))
-            return self._text
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, FrozenList):
-            return self.canonical() == other.canonical()
-        return list.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(self.canonical())
 
 
 def _dump(value: Any) -> str:
