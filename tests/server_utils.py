@@ -139,3 +139,30 @@ def whole(resp: Any) -> dict[str, Any]:
 
 def without_ids(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in message["tool_calls"]]}
+
+
+def chain_tool_turns(ask, user: list[dict], tools: list[dict], seed: int, extra: dict) -> None:
+    """read_dataset → calculate_total → final answer: each named call's result goes back into the next request.
+
+    `ask(body) -> (response, message)` sends one request; `extra` is merged into every body (e.g. thinking off).
+    Asserts that every call is the one named, that the history reaches the prompt, and that the answer is text.
+    """
+    messages = list(user)
+    prompt_tokens = 0
+    for tool, result in (("read_dataset", {"rows": [120.5, 99.5]}), ("calculate_total", {"total": 220.0})):
+        body = {"messages": messages, "tools": tools, "max_tokens": 64, "seed": seed, **extra,
+                "tool_choice": {"type": "function", "function": {"name": tool}}}
+        resp, msg = ask(body)
+        assert resp.usage.prompt_tokens > prompt_tokens  # the history (calls and results) reaches the prompt
+        prompt_tokens = resp.usage.prompt_tokens
+        (call,) = msg.tool_calls
+        assert call.function.name == tool
+        messages = messages + [
+            {"role": "assistant", "content": msg.content, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
+        ]
+    body = {"messages": messages, "tools": tools, "max_tokens": 32, "seed": seed, "tool_choice": "none", **extra}
+    resp, msg = ask(body)
+    assert not msg.tool_calls and isinstance(msg.content, str) and resp.usage.prompt_tokens > prompt_tokens

@@ -24,7 +24,7 @@ import starlette  # noqa: E402,F401
 import uvicorn  # noqa: E402,F401
 
 import constrain  # noqa: E402
-from server_utils import Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
+from server_utils import chain_tool_turns, Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
 
 KEY = "sk-test-constrain"
 SEEDS = (0, 1, 2)
@@ -254,25 +254,7 @@ def test_forced_call_below_minimum_then_success(servers):
 def test_multi_turn_with_tool_results(servers):
     client = client_of(servers["constrained"])
     for seed in SEEDS:
-        messages = list(USER)
-        prompt_tokens = 0
-        for tool, result in (("read_dataset", {"rows": [120.5, 99.5]}), ("calculate_total", {"total": 220.0})):
-            body = {"messages": messages, "tools": TOOLS, "max_tokens": 64, "seed": seed, **NO_THINK,
-                    "tool_choice": {"type": "function", "function": {"name": tool}}}
-            resp, msg = ask(client, body, constrained=True)
-            assert resp.usage.prompt_tokens > prompt_tokens  # the history (calls and results) reaches the prompt
-            prompt_tokens = resp.usage.prompt_tokens
-            (call,) = msg.tool_calls
-            assert call.function.name == tool
-            messages = messages + [
-                {"role": "assistant", "content": msg.content, "tool_calls": [
-                    {"id": call.id, "type": "function",
-                     "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
-            ]
-        body = {"messages": messages, "tools": TOOLS, "max_tokens": 32, "seed": seed, "tool_choice": "none", **NO_THINK}
-        resp, msg = ask(client, body, constrained=True)
-        assert not msg.tool_calls and isinstance(msg.content, str) and resp.usage.prompt_tokens > prompt_tokens
+        chain_tool_turns(lambda body: ask(client, body, constrained=True), USER, TOOLS, seed, NO_THINK)
 
 
 def test_usage_chunk_only_on_opt_in(servers):

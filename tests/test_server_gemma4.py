@@ -19,7 +19,7 @@ import pytest
 import jsonschema  # noqa: E402,F401  (test extra: a missing package is an install error, never a skip)
 import openai  # noqa: E402
 
-from server_utils import Server, reassemble, whole, without_ids  # noqa: E402
+from server_utils import chain_tool_turns, Server, reassemble, whole, without_ids  # noqa: E402
 from test_server import (  # noqa: E402  (the same contract and request bodies as the hermes servers)
     INVALID, MODES, STRICT_NESTED, TOOLS, USER, check, create)
 
@@ -205,22 +205,4 @@ def test_response_format_json_schema(client):
 def test_multi_turn_with_tool_results(client):
     """Calls and results go back through Gemma's template (`<|tool_call>call:...` in the model turn, a `tool` turn)."""
     for seed in SEEDS[:2]:
-        messages = list(USER)
-        prompt_tokens = 0
-        for tool, result in (("read_dataset", {"rows": [120.5, 99.5]}), ("calculate_total", {"total": 220.0})):
-            body = {"messages": messages, "tools": TOOLS, "max_tokens": 64, "seed": seed, **NO_THINK,
-                    "tool_choice": {"type": "function", "function": {"name": tool}}}
-            resp, msg = ask(client, body)
-            assert resp.usage.prompt_tokens > prompt_tokens
-            prompt_tokens = resp.usage.prompt_tokens
-            (call,) = msg.tool_calls
-            assert call.function.name == tool
-            messages = messages + [
-                {"role": "assistant", "content": msg.content, "tool_calls": [
-                    {"id": call.id, "type": "function",
-                     "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
-            ]
-        body = {"messages": messages, "tools": TOOLS, "max_tokens": 32, "seed": seed, "tool_choice": "none", **NO_THINK}
-        resp, msg = ask(client, body)
-        assert not msg.tool_calls and isinstance(msg.content, str) and resp.usage.prompt_tokens > prompt_tokens
+        chain_tool_turns(lambda body: ask(client, body), USER, TOOLS, seed, NO_THINK)
