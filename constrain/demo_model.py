@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from constrain import assets
 
@@ -40,15 +41,23 @@ def ensure_demo_model() -> Path:
     if (target / "constrain_demo.json").is_file():
         return target
     template = assets.template_path(_TEMPLATE).read_text(encoding="utf-8")
+    return build_dir_once(target, "constrain_demo.json", lambda tmp: _build(tmp, template))
+
+
+def build_dir_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """`target`, built by `build(tmp)` into a private temporary folder and renamed into place (so a crash or a
+    concurrent builder never leaves a half-built folder); skipped when `target/marker` already exists."""
+    if (target / marker).is_file():
+        return target
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _build(tmp, template)
+        build(tmp)
         try:
             os.replace(tmp, target)
         except OSError:  # another process finished first
-            if not (target / "constrain_demo.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -116,7 +116,8 @@ def gemma4_model_dir() -> Path:
     the layers that produce the logits.
     """
     import json
-    import shutil
+
+    from constrain.demo_model import build_dir_once
 
     target = assets.cache_dir() / "test-models" / f"gemma4-tiny-llama-v{GEMMA4_MODEL_VERSION}"
     if (target / "constrain_test_model.json").is_file():
@@ -125,10 +126,8 @@ def gemma4_model_dir() -> Path:
     import transformers
 
     tokenizer = gemma4_hf_tokenizer()
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+
+    def build(tmp: Path) -> None:
         tokenizer.save_pretrained(str(tmp))
         eos = list(GEMMA4_EOS_IDS)
         config = transformers.LlamaConfig(
@@ -144,11 +143,5 @@ def gemma4_model_dir() -> Path:
         (tmp / "constrain_test_model.json").write_text(json.dumps({
             "version": GEMMA4_MODEL_VERSION, "seed": 0, "architecture": "llama (not gemma4: irrelevant here)",
             "tokenizer": "gemma-4 vocab GGUF", "template": "the gemma-4 GGUF's tokenizer.chat_template"}, indent=1))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first
-            if not (target / "constrain_test_model.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_dir_once(target, "constrain_test_model.json", build)
