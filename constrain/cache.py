@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from constrain.errors import InternalError
 from constrain.index import TokenIndex
 
-__all__ = ["DEFAULT_CACHE", "IndexCache", "get_or_build"]
+__all__ = ["DEFAULT_CACHE", "CacheStats", "IndexCache", "get_or_build"]
 
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A consistent snapshot of an `IndexCache`: kept entries, their estimated bytes, and lifetime counters."""
+
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    evictions: int
 
 
 class IndexCache:
@@ -45,6 +57,18 @@ class IndexCache:
         """Current estimate of the bytes held by all kept entries."""
         with self._lock:
             return sum(index.nbytes() for index in self._entries.values())
+
+    def stats(self) -> CacheStats:
+        """Entries, bytes (re-estimated now), the bound, and the hit/miss/eviction counters, taken under one lock."""
+        with self._lock:
+            return CacheStats(
+                entries=len(self._entries),
+                bytes=sum(index.nbytes() for index in self._entries.values()),
+                max_bytes=self.max_bytes,
+                hits=self.hits,
+                misses=self.misses,
+                evictions=self.evictions,
+            )
 
     def clear(self) -> None:
         """Drop every entry (statistics are kept)."""

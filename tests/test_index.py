@@ -418,12 +418,16 @@ def test_cache_hits_misses_and_eviction_by_bytes(vocab):
     other = make_vocab(SYN_TOKENS[:300], vocab_size=320)
     cache.get_or_build("literal", other, builder("literal"))
     assert builds.count("literal") == 2  # keyed by vocabulary fingerprint too
+    stats = cache.stats()
+    assert stats.entries == len(cache) and stats.bytes == cache.nbytes() <= stats.max_bytes == cache.max_bytes
+    assert (stats.hits, stats.misses, stats.evictions) == (cache.hits, cache.misses, cache.evictions)
 
 
 def test_oversized_index_is_returned_but_not_kept(vocab):
     cache = IndexCache(max_bytes=10)
     index = cache.get_or_build("k", vocab, lambda: hand_made_dfa())
     assert isinstance(index, TokenIndex) and len(cache) == 0 and cache.evictions == 1
+    assert (cache.stats().entries, cache.stats().bytes, cache.stats().evictions) == (0, 0, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
