@@ -98,6 +98,7 @@ class Constrain:
         return parts[0] if len(parts) == 1 else fa.compile(fa.concat(*parts))
 
     def compile(self, w: Workload) -> TokenIndex:
+        fa.clear_compiled()  # cold: no sub-automaton kept from the sampling compile or an earlier workload
         t0 = time.perf_counter()
         dfa = self.dfa(w)
         t1 = time.perf_counter()

@@ -7,7 +7,9 @@ Out: an immutable, trimmed, minimised `Dfa` whose alphabet is partitioned into s
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -344,8 +346,12 @@ class _Budget:
         self.deadline = deadline
         self.pointer = pointer
         self._ticks = 0
+        # the largest size checked so far: a shared compiled DFA remembers the peak its build needed (see `_compile`)
+        self.peak = 0
 
     def check(self, n_states: int) -> None:
+        if n_states > self.peak:
+            self.peak = n_states
         if n_states > self.max_states:
             raise BudgetExceeded(f"automaton exceeds the state budget of {self.max_states} states", pointer=self.pointer)
         self._ticks += 1
@@ -378,13 +384,13 @@ def _collect_specials(expr: Expr, out: set[int], seen: set[int]) -> None:
 class _Nfa:
     """Thompson NFA; edges carry symbol masks (Python ints over the global alphabet)."""
 
-    def __init__(self, specials: tuple[int, ...], budget: _Budget, memo: dict):
+    def __init__(self, specials: tuple[int, ...], budget: _Budget, memo: _Memo):
         self.specials = specials
         self.special_symbol = {sid: N_BYTES + i for i, sid in enumerate(specials)}
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int]]] = []
         self.budget = budget
-        self.memo = memo  # Expr -> Dfa, for intersections/differences compiled on the way
+        self.memo = memo  # for the sub-automata compiled on the way
         # (expr, dst) -> entry node: a sub-expression reached again with the same continuation is
         # built once (expressions are DAGs; suffix sharing keeps the NFA linear in the DAG's size)
         self.entries: dict[tuple[int, int], int] = {}
@@ -433,13 +439,7 @@ class _Nfa:
         elif isinstance(expr, _Substitute):
             self._embed(_compile(expr.body, self.budget, self.memo), src, dst, dict(expr.mapping))
         elif isinstance(expr, (_Intersect, _Difference)):
-            dfa = self.memo.get(expr)
-            if dfa is None:
-                a = _compile(expr.a, self.budget, self.memo)
-                b = _compile(expr.b, self.budget, self.memo)
-                dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=self.budget)
-                self.memo[expr] = dfa
-            self._embed(dfa, src, dst)
+            self._embed(_compile(expr, self.budget, self.memo), src, dst)
         else:
             raise TypeError(f"not an automaton expression: {expr!r}")
 
@@ -635,7 +635,7 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, start)
 
 
-# Integer weights keep every signature sum exact in float64, whatever order BLAS sums in.
+# Integer weights keep every signature sum exact in float64, whatever order it is summed in.
 _HASH_WEIGHTS = np.random.default_rng(20261129).integers(1, 2**16, size=(4096, 2)).astype(np.float64)
 # (weights < 2**16 and block ids < 2**26 keep every sum of up to 2**11 classes exact; a hash collision is caught
 #  by `_is_congruence`, which then falls back to the exact refinement)
@@ -645,30 +645,40 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
     """Moore partition refinement to the fixpoint: split blocks by (block, blocks of the targets per class).
 
     The hashed variant keeps block ids stable across splits and recomputes signatures only for states with a
-    target in a block that just split (a worklist), so late rounds touch few states.
+    target in a block that just split (a worklist), so late rounds touch few states. A signature is summed over the
+    live edges only (sparse: a DFA state has few live classes), so a round costs the affected states' edges.
     """
     n, k = trans.shape
     weights = _HASH_WEIGHTS[:k] if k <= 2048 and n < 2**26 else None
     if exact or weights is None:
         return _refine_exact(trans, block, n_blocks, budget)
-    dead = trans < 0
-    safe = np.maximum(trans, 0)
-    # predecessors in CSR form: preds[start[t]:start[t+1]] are the states with an edge into t
-    src = np.repeat(np.arange(n, dtype=np.int64), k)[~dead.reshape(-1)]
-    dst = safe.reshape(-1)[~dead.reshape(-1)]
+    # live edges in CSR form, both ways: out-edges grouped by source (row-major order), in-edges by target
+    src, cls = np.nonzero(trans >= 0)
+    dst = trans[src, cls].astype(np.int64)
+    out_start = np.searchsorted(src, np.arange(n + 1))
+    w_re, w_im = weights[cls, 0], weights[cls, 1]
     order = np.argsort(dst, kind="stable")
     preds = src[order]
-    start = np.searchsorted(dst[order], np.arange(n + 1))
+    in_start = np.searchsorted(dst[order], np.arange(n + 1))
     block = block.copy()
     key = np.zeros(n, np.complex128)
+    in_touched = np.zeros(n + n_blocks + 1, bool)  # block ids never exceed n + the initial blocks
     affected = np.arange(n, dtype=np.int64)
     while affected.size:
         budget.check(0)
-        tb = np.where(dead[affected], -1, block[safe[affected]]).astype(np.float64)
-        proj = tb @ weights
-        key[affected] = proj[:, 0] + 1j * proj[:, 1]
+        counts = out_start[affected + 1] - out_start[affected]
+        total = int(counts.sum())
+        owner = np.repeat(np.arange(affected.size), counts)
+        pos = np.arange(total) + np.repeat(out_start[affected] - np.cumsum(counts) + counts, counts)
+        # +1: a dead target (no edge) must not hash like an edge into block 0
+        target = block[dst[pos]].astype(np.float64) + 1.0
+        key[affected] = np.bincount(owner, w_re[pos] * target, affected.size) + 1j * np.bincount(
+            owner, w_im[pos] * target, affected.size
+        )
         touched = np.unique(block[affected])
-        members = np.nonzero(np.isin(block, touched))[0]
+        in_touched[touched] = True
+        members = np.flatnonzero(in_touched[block])
+        in_touched[touched] = False
         # group the touched blocks' members by (block, key); the first group of a block keeps its id
         order = np.lexsort((key[members].imag, key[members].real, block[members]))
         m = members[order]
@@ -689,10 +699,10 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
         moved = ids >= 0
         changed = m[moved]
         block[changed] = ids[moved]
-        counts = start[changed + 1] - start[changed]
+        counts = in_start[changed + 1] - in_start[changed]
         if counts.sum() == 0:
             break
-        offsets = np.repeat(start[changed] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        offsets = np.repeat(in_start[changed] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         affected = np.unique(preds[offsets])
     # renumber 0..n_blocks-1 in order of first appearance
     _, first = np.unique(block, return_index=True)
@@ -802,19 +812,122 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     return _finish(transitions, accepting, class_of, specials, 0, budget)
 
 
-def _compile(expr: Expr, budget: _Budget, memo: dict) -> Dfa:
+class _Memo:
+    """One `compile` call's caches: DFAs by expression identity, structural keys by identity (objects kept alive)."""
+
+    def __init__(self) -> None:
+        self.dfas: dict[Expr, Dfa] = {}
+        self.keys: dict[int, tuple[Expr, bytes]] = {}
+
+
+def _structural_key(expr: Expr, keys: dict[int, tuple[Expr, bytes]]) -> bytes:
+    """A digest of the language's expression tree: equal for two separately built, structurally equal expressions."""
+    hit = keys.get(id(expr))
+    if hit is not None:
+        return hit[1]
+    h = hashlib.blake2b(digest_size=20)
+    if isinstance(expr, Dfa):
+        h.update(b"D" + expr.digest.encode())
+    elif isinstance(expr, _Bytes):
+        h.update(b"B" + expr.mask.to_bytes(32, "little"))
+    elif isinstance(expr, _Special):
+        h.update(b"S%d" % expr.symbol_id)
+    elif isinstance(expr, (_Concat, _Union)):
+        h.update(b"C%d" % len(expr.parts) if isinstance(expr, _Concat) else b"U%d" % len(expr.parts))
+        for part in expr.parts:
+            h.update(_structural_key(part, keys))
+    elif isinstance(expr, _Repeat):
+        h.update(b"R%d,%d" % (expr.lo, -1 if expr.hi is None else expr.hi))
+        h.update(_structural_key(expr.body, keys))
+    elif isinstance(expr, (_Intersect, _Difference)):
+        h.update(b"I" if isinstance(expr, _Intersect) else b"M")
+        h.update(_structural_key(expr.a, keys))
+        h.update(_structural_key(expr.b, keys))
+    elif isinstance(expr, _Substitute):
+        h.update(b"T%d" % len(expr.mapping))
+        h.update(_structural_key(expr.body, keys))
+        for byte, sub in expr.mapping:
+            h.update(b"%d" % byte)
+            h.update(_structural_key(sub, keys))
+    else:
+        raise TypeError(f"not an automaton expression: {expr!r}")
+    key = h.digest()
+    keys[id(expr)] = (expr, key)
+    return key
+
+
+# Process-wide LRU of compiled DFAs by structural key, bounded by their array bytes. Schemas repeat sub-languages
+# (a $ref used in several places, a oneOf branch compiled once alone and once in the union): each is determinised
+# once. Every entry records the budget peak its build reached, so a hit under a smaller `max_states` fails exactly as
+# a rebuild would. (nested_table: 45 -> 30 determinisations in one compile_schema call.)
+_SHARED_MAX_BYTES = 64 << 20
+_shared: OrderedDict[bytes, tuple[Dfa, int, int]] = OrderedDict()
+_shared_bytes = 0
+_shared_lock = threading.Lock()
+
+
+def _shared_get(key: bytes) -> tuple[Dfa, int] | None:
+    with _shared_lock:
+        hit = _shared.get(key)
+        if hit is None:
+            return None
+        _shared.move_to_end(key)
+        return hit[0], hit[1]
+
+
+def _shared_put(key: bytes, dfa: Dfa, peak: int) -> None:
+    global _shared_bytes
+    size = int(dfa.transitions.nbytes + dfa.class_of.nbytes + dfa.accepting.nbytes) + 200
+    if size > _SHARED_MAX_BYTES // 4:
+        return
+    with _shared_lock:
+        if key in _shared:
+            return
+        _shared[key] = (dfa, peak, size)
+        _shared_bytes += size
+        while _shared_bytes > _SHARED_MAX_BYTES:
+            _, (_, _, old) = _shared.popitem(last=False)
+            _shared_bytes -= old
+
+
+def clear_compiled() -> None:
+    """Forget every shared compiled sub-automaton (benchmarks call it to time a cold compile)."""
+    global _shared_bytes
+    with _shared_lock:
+        _shared.clear()
+        _shared_bytes = 0
+
+
+def _compile(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     if isinstance(expr, Dfa):
         return expr
-    hit = memo.get(expr)
+    hit = memo.dfas.get(expr)
     if hit is not None:
         return hit
-    found: set[int] = set()
-    _collect_specials(expr, found, set())
-    nfa = _Nfa(tuple(sorted(found)), budget, memo)
-    start, final = nfa.node(), nfa.node()
-    nfa.build(expr, start, final)
-    dfa = _determinise(nfa, start, final, budget)
-    memo[expr] = dfa
+    key = _structural_key(expr, memo.keys)
+    shared = _shared_get(key)
+    if shared is not None:
+        dfa, peak = shared
+        budget.check(peak)
+    else:
+        outer_peak, budget.peak = budget.peak, 0
+        try:
+            if isinstance(expr, (_Intersect, _Difference)):
+                a = _compile(expr.a, budget, memo)
+                b = _compile(expr.b, budget, memo)
+                dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=budget)
+            else:
+                found: set[int] = set()
+                _collect_specials(expr, found, set())
+                nfa = _Nfa(tuple(sorted(found)), budget, memo)
+                start, final = nfa.node(), nfa.node()
+                nfa.build(expr, start, final)
+                dfa = _determinise(nfa, start, final, budget)
+            peak = budget.peak
+        finally:
+            budget.peak = max(outer_peak, budget.peak)
+        _shared_put(key, dfa, peak)
+    memo.dfas[expr] = dfa
     return dfa
 
 
@@ -832,7 +945,7 @@ def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = N
         BudgetExceeded: an intermediate automaton passed `max_states` or the deadline passed.
     """
     try:
-        return _compile(expr, _Budget(max_states, deadline, pointer), {})
+        return _compile(expr, _Budget(max_states, deadline, pointer), _Memo())
     except RecursionError as err:
         raise BudgetExceeded("automaton expression nested too deeply to compile", pointer=pointer) from err
 

@@ -120,3 +120,31 @@ def test_dfa_pickles():
     dfa = fa.compile(fa.repeat(fa.literal(b"ab"), 1, 3))
     clone = pickle.loads(pickle.dumps(dfa))
     assert clone == dfa and clone.matches(b"abab")
+
+
+def _two_lists(n):
+    item = fa.union(fa.literal(b"true"), fa.repeat(fa.byte_set([(48, 57)]), 1, 6))
+    return fa.concat(fa.literal(b"["), fa.repeat(fa.concat(item, fa.literal(b",")), 0, n), fa.literal(b"]"))
+
+
+def test_structurally_equal_expressions_compile_to_the_same_automaton():
+    fa.clear_compiled()
+    cold = fa.compile(_two_lists(40))
+    warm = fa.compile(_two_lists(40))  # built again: other objects, the same language tree
+    assert warm == cold
+    fa.clear_compiled()
+    assert fa.compile(_two_lists(40)) == cold
+    assert fa.compile(_two_lists(41)) != cold
+
+
+@pytest.mark.parametrize("warm_first", [False, True])
+def test_shared_sub_automata_keep_the_state_budget(warm_first):
+    # A sub-automaton compiled before under a large budget must fail a smaller budget exactly as a cold build does.
+    fa.clear_compiled()
+    expr = fa.concat(fa.literal(b"<"), fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 2000), fa.literal(b">"))
+    if warm_first:
+        big = fa.compile(expr, max_states=100_000)
+        assert big.matches("<héllo>".encode())
+    with pytest.raises(fa.BudgetExceeded):
+        fa.compile(fa.concat(fa.literal(b"<"), fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 2000), fa.literal(b">")),
+                   max_states=1000)
