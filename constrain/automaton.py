@@ -238,7 +238,9 @@ class Dfa(Expr):
     from `start` and can reach an accepting state, so any target other than -1 is live.
     """
 
-    __slots__ = ("n_states", "start", "n_classes", "class_of", "specials", "transitions", "accepting", "_digest", "_rows")
+    __slots__ = (
+        "n_states", "start", "n_classes", "class_of", "specials", "transitions", "accepting", "_digest", "_rows", "_edges"
+    )
 
     def __init__(self, transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int = 0):
         self.transitions = np.ascontiguousarray(transitions, dtype=np.int32)
@@ -252,6 +254,7 @@ class Dfa(Expr):
             array.setflags(write=False)
         self._digest: str | None = None
         self._rows: list[list[int]] | None = None
+        self._edges: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}
 
     def __getstate__(self):
         return (self.transitions, self.accepting, self.class_of, self.specials, self.start)
@@ -294,6 +297,28 @@ class Dfa(Expr):
             return N_BYTES + self.specials.index(symbol_id)
         except ValueError:
             return -1
+
+    def _edge_lists(self, special_symbols: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        """Per state, `(symbol mask, target)` with one mask per live target; special `i` is symbol
+        `special_symbols[i]`. Cached: embedding one DFA many times (bounded repeats) reads it again."""
+        edges = self._edges.get(special_symbols)
+        if edges is None:
+            class_masks = [0] * self.n_classes
+            for symbol, cls in enumerate(self.class_of[:N_BYTES].tolist()):
+                class_masks[cls] |= 1 << symbol
+            for i, symbol in enumerate(special_symbols):
+                class_masks[int(self.class_of[N_BYTES + i])] |= 1 << symbol
+            src, cls = np.nonzero(self.transitions >= 0)
+            dst = self.transitions[src, cls]
+            merged: list[dict[int, int]] = [{} for _ in range(self.n_states)]
+            for s, c, t in zip(src.tolist(), cls.tolist(), dst.tolist()):
+                mask = class_masks[c]
+                if mask:
+                    row = merged[s]
+                    row[t] = row.get(t, 0) | mask
+            edges = [[(m, t) for t, m in row.items()] for row in merged]
+            self._edges[special_symbols] = edges
+        return edges
 
     def rows(self) -> list[list[int]]:
         """Transitions as nested Python lists (fast scalar stepping)."""
@@ -472,21 +497,18 @@ class _Nfa:
         if dfa.is_empty:
             return
         base = len(self.eps)
-        for _ in range(dfa.n_states):
-            self.node()
+        n = dfa.n_states
+        self.eps.extend([] for _ in range(n))
+        self.edges.extend([] for _ in range(n))
+        self.budget.check(len(self.eps) // 4)
+        lists = dfa._edge_lists(tuple(self.special_symbol[sid] for sid in dfa.specials))
         mapped_mask = sum(1 << b for b in mapping) if mapping else 0
-        class_masks = [0] * dfa.n_classes
-        for symbol in range(N_BYTES):
-            class_masks[int(dfa.class_of[symbol])] |= 1 << symbol
-        for i, sid in enumerate(dfa.specials):
-            class_masks[int(dfa.class_of[N_BYTES + i])] |= 1 << self.special_symbol[sid]
-        for s, row in enumerate(dfa.rows()):
-            merged: dict[int, int] = {}
-            for cls, target in enumerate(row):
-                if target >= 0 and class_masks[cls]:
-                    merged[target] = merged.get(target, 0) | class_masks[cls]
+        for s, row in enumerate(lists):
+            if not mapped_mask:
+                self.edges[base + s] = [(mask, base + t) for mask, t in row]
+                continue
             edges = []
-            for t, mask in merged.items():
+            for mask, t in row:
                 if mask & mapped_mask:
                     for b in range(N_BYTES):
                         if mask >> b & 1 and b in mapping:
@@ -495,8 +517,8 @@ class _Nfa:
                 if mask:
                     edges.append((mask, base + t))
             self.edges[base + s].extend(edges)
-            if dfa.accepting[s]:
-                self.eps[base + s].append(dst)
+        for s in np.flatnonzero(dfa.accepting).tolist():
+            self.eps[base + s].append(dst)
         self.eps[src].append(base + dfa.start)
 
 
@@ -530,7 +552,7 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
             class_of[low.bit_length() - 1] = i
             b ^= low
     eps = nfa.eps
-    class_edges: list[list[tuple[list[int], int]]] = [[(covers[m], t) for m, t in edges] for edges in nfa.edges]
+    edges_of = nfa.edges
 
     closure_cache: dict[frozenset, frozenset] = {}
 
@@ -548,7 +570,7 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
                     seen.add(m)
                     stack.append(m)
         # keep only nodes that carry symbol edges, plus the final node (for acceptance)
-        result = frozenset(n for n in seen if class_edges[n] or n == final)
+        result = frozenset(n for n in seen if edges_of[n] or n == final)
         closure_cache[key] = result
         return result
 
@@ -560,13 +582,37 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     while i < len(order):
         current = order[i]
         i += 1
-        targets: dict[int, set[int]] = {}
+        # Targets grouped by symbol mask first: when the masks of a state's edges are pairwise disjoint (the usual
+        # case), every class of a mask has the same target set, so one closure serves all of them.
+        by_mask: dict[int, set[int]] = {}
         for n in current:
-            for classes, t in class_edges[n]:
-                for c in classes:
-                    targets.setdefault(c, set()).add(t)
+            for m, t in edges_of[n]:
+                group = by_mask.get(m)
+                if group is None:
+                    by_mask[m] = {t}
+                else:
+                    group.add(t)
+        union_of_masks = 0
+        for m in by_mask:
+            if union_of_masks & m:
+                break
+            union_of_masks |= m
+        else:
+            union_of_masks = -1
+        if union_of_masks == -1:
+            groups = [(covers[m], ts) for m, ts in by_mask.items()]
+        else:
+            targets: dict[int, set[int]] = {}
+            for m, ts in by_mask.items():
+                for c in covers[m]:
+                    cur = targets.get(c)
+                    if cur is None:
+                        targets[c] = set(ts)
+                    else:
+                        cur |= ts
+            groups = [((c,), ts) for c, ts in targets.items()]
         row = [-1] * n_classes
-        for c, ts in targets.items():
+        for classes, ts in groups:
             nxt = closure(ts)
             j = ids.get(nxt)
             if j is None:
@@ -574,7 +620,8 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
                 ids[nxt] = j
                 order.append(nxt)
                 budget.check(j)
-            row[c] = j
+            for c in classes:
+                row[c] = j
         rows.append(row)
     accepting = np.array([final in s for s in order], dtype=bool)
     transitions = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
