@@ -61,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from constrain.engine import Engine
-    from constrain.server import create_app
+    from constrain.server import DEFAULT_MAX_BODY_BYTES, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("constrain.serve")
@@ -74,8 +74,12 @@ def _serve(args: argparse.Namespace) -> int:
              "constrained" if engine.constrained else "free (validated after generation)", args.max_queue,
              args.timeout)
     log.info("listening on http://%s:%d/v1", args.host, args.port)
-    uvicorn.run(create_app(engine, api_key=args.api_key), host=args.host, port=args.port, log_level="warning",
-                access_log=False)
+    # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish for up to --shutdown-timeout s, then
+    # cancels the rest (a cancelled stream's generation is cancelled with it)
+    uvicorn.run(create_app(engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES),
+                host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=args.shutdown_timeout)
+    log.info("shut down")
     engine.close()
     return 0
 
@@ -101,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait (more: 429)")
     serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request (more: 504)")
+    serve.add_argument("--max-body-bytes", type=int, default=None,
+                       help="largest request body taken (default 8 MiB; more: 413)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for the demo model)")
     args = parser.parse_args(argv)
     if args.command == "serve":

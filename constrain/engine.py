@@ -6,8 +6,10 @@ policy (cached) and generates with `MaskProcessor` (or freely, for validation af
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -100,6 +102,9 @@ class Engine:
         if not isinstance(template, str) or not template:
             raise ValueError(f"{self.model_dir} has no chat template")
         self.template = template
+        self._template_parameters = frozenset(
+            name for name, p in inspect.signature(self.tokenizer.apply_chat_template).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
         gen_eos = self.model.generation_config.eos_token_id
         eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
@@ -165,6 +170,16 @@ class Engine:
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "constrain",
                 "demo": self.demo, "tool_format": self.native_format, "constrained_tools": self.constrained}
 
+    def stats(self) -> dict[str, Any]:
+        """The `/v1/stats` figures: the compiled-index cache (entries, estimated bytes and its bound, hits, misses,
+        evictions), the process's resident memory in bytes (None where /proc is absent) and the queue length."""
+        from constrain.compiler import DEFAULT_CACHE
+
+        cache = DEFAULT_CACHE
+        return {"cache": {"entries": len(cache), "bytes": cache.nbytes(), "max_bytes": cache.max_bytes,
+                          "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions},
+                "rss_bytes": _rss_bytes(), "queued": self.queued()}
+
     def prepare(self, body: Any) -> Job:
         """Validate a request body and render its prompt.
 
@@ -183,6 +198,11 @@ class Engine:
             raise RequestError("'stop' sequences are not supported by this server", pointer="/stop",
                                code="unsupported_value")
         kwargs = dict(request.chat_template_kwargs or {})
+        for key in kwargs:  # protocol refuses the known names; this catches what this transformers version adds
+            if key in self._template_parameters:
+                raise RequestError(f"Invalid value for 'chat_template_kwargs.{key}': {key!r} is a parameter of the "
+                                   "chat template renderer, not a template variable",
+                                   pointer=f"/chat_template_kwargs/{key}", code="invalid_value")
         thinking = request.enable_thinking if request.enable_thinking is not None else self._default_thinking
         try:
             prompt = self._render(_template_messages(body["messages"]), body.get("tools"), kwargs)
@@ -252,7 +272,11 @@ class Engine:
             return
         hits = DEFAULT_CACHE.hits
         t0 = time.perf_counter()
-        index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
+        try:
+            index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
+        except RequestError as err:
+            _name_tool(err, job.policy)
+            raise
         compile_ms = (time.perf_counter() - t0) * 1e3
         cache_hit = DEFAULT_CACHE.hits > hits
         processors = []
@@ -372,6 +396,23 @@ def _accepts(index: Any, ids: list[int]) -> bool:
     except Exception:  # noqa: BLE001 - a token outside the language: not a complete output
         return False
     return state.is_accepting()
+
+
+def _name_tool(err: RequestError, policy: Policy) -> None:
+    """Prefix a compile error under `/tools/<i>` with that tool's name (the pointer already gives its index)."""
+    parts = err.pointer.split("/")
+    if len(parts) > 2 and parts[1] == "tools" and parts[2].isdigit() and int(parts[2]) < len(policy.tools):
+        name = policy.tools[int(parts[2])].name
+        err.message = f"tool {name!r}: {err.message}"
+        err.args = (f"{err.message} (at {err.pointer})",)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:

@@ -20,6 +20,16 @@ NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]+")
 MAX_NAME_LENGTH = 64
 MAX_TOOLS = 128  # OpenAI's documented limit on `tools`.
 MAX_STOP = 4  # OpenAI: "Up to 4 sequences".
+# Nesting bound of a request body (arrays and objects): keeps every recursive walk below (schema compiler, templates)
+# far from Python's recursion limit; a 60-level nested object schema inside `tools` still fits.
+MAX_JSON_DEPTH = 128
+# `chat_template_kwargs` are template variables. These names are `apply_chat_template`'s own parameters (a request
+# that passed `chat_template` would have its own Jinja template rendered) or variables the server sets itself.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "conversation", "messages", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
 # Omitted `parameters` = an empty parameter list (OpenAI). Strict tools get the strict-subset spelling of it.
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 EMPTY_STRICT_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
@@ -245,6 +255,7 @@ class ChatRequest:
         for key in body:
             if not isinstance(key, str):
                 raise RequestError(f"field names must be strings, got {key!r}", pointer="", code="invalid_type")
+        check_json_value(body)
         for legacy in ("functions", "function_call"):
             if body.get(legacy) is not None:
                 raise RequestError(
@@ -279,6 +290,10 @@ class ChatRequest:
         fields["stop"] = _opt(body, "stop", "", _stop) or ()
         kwargs = _opt(body, "chat_template_kwargs", "", _object)
         if kwargs is not None:
+            for key in kwargs:
+                if key in RESERVED_TEMPLATE_KWARGS:
+                    raise _invalid_value(join_pointer("/chat_template_kwargs", key),
+                                         f"{key!r} is set by the server and cannot be passed as a template variable.")
             fields["chat_template_kwargs"] = freeze_json(kwargs)
             fields["enable_thinking"] = _opt(kwargs, "enable_thinking", "/chat_template_kwargs", _boolean)
             budget = _opt(kwargs, "thinking_budget", "/chat_template_kwargs", _integer)
@@ -287,6 +302,38 @@ class ChatRequest:
             fields["thinking_budget"] = budget
         fields["ignored_fields"] = tuple(k for k in body if k not in REQUEST_FIELDS)
         return cls(**fields)
+
+
+def check_json_value(value: Any) -> None:
+    """Check a parsed request body as a whole: nesting at most `MAX_JSON_DEPTH`, every string and key valid Unicode
+    (JSON's `\\ud800` escapes decode to lone surrogates, which no UTF-8 tokenizer can take).
+
+    Raises:
+        RequestError: `invalid_value` at the pointer of the first offending value.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, pointer, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item, pointer)
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise RequestError(f"the request nests arrays and objects deeper than {MAX_JSON_DEPTH} levels",
+                                   pointer=pointer, code="invalid_value")
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                if isinstance(key, str):
+                    _check_text(key, pointer)  # the key's own pointer would carry the surrogate into the error
+                stack.append((child, join_pointer(pointer, key), depth + 1))
+
+
+def _check_text(text: str, pointer: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(f"the string contains an unpaired surrogate (U+{ord(text[err.start]):04X}) at "
+                           f"offset {err.start}; strings must be valid Unicode", pointer=pointer,
+                           code="invalid_value") from err
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("constrain.serve")
 _POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+DEFAULT_MAX_BODY_BYTES = 8 << 20  # 1 MB of tool JSON with room to spare; larger bodies are refused unread (413)
 
 
 def _error(err: BaseException) -> tuple[int, dict[str, Any]]:
@@ -42,6 +43,8 @@ def _error(err: BaseException) -> tuple[int, dict[str, Any]]:
         return 401, {"message": str(err), "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
     if isinstance(err, _BadJson):
         return 400, {"message": str(err), "type": "invalid_request_error", "param": None, "code": "invalid_json"}
+    if isinstance(err, _TooLarge):
+        return 413, {"message": str(err), "type": "invalid_request_error", "param": None, "code": "request_too_large"}
     return 500, {"message": f"internal server error: {type(err).__name__}: {err}", "type": "server_error",
                  "param": None, "code": "internal_error"}
 
@@ -54,24 +57,46 @@ class _BadJson(Exception):
     pass
 
 
-def _error_response(err: BaseException) -> JSONResponse:
+class _TooLarge(Exception):
+    pass
+
+
+def _error_response(err: BaseException) -> Response:
     status, body = _error(err)
     if status >= 500 and not isinstance(err, RequestTimeout):
         log.error("request failed status=%d %s", status, body["message"])
     else:
         log.info("request rejected status=%d param=%s code=%s: %s", status, body["param"], body["code"],
                  body["message"])
-    return JSONResponse({"error": body}, status_code=status)
+    # ASCII escapes: a message may quote request text, and nothing in it may stop the error itself from being sent
+    return Response(json.dumps({"error": body}), status_code=status, media_type="application/json")
 
 
 def _sse(obj: Any) -> str:
     return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
-def create_app(engine: Engine, *, api_key: str | None = None) -> Starlette:
-    """The Starlette app serving `engine`: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (`_TooLarge`) as soon as it is known to pass `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge(f"the request body has {int(declared)} bytes; this server takes at most {limit}")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise _TooLarge(f"the request body passes {limit} bytes, the most this server takes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def create_app(engine: Engine, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The Starlette app serving `engine`: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/stats`,
+    `GET /health`.
 
     With `api_key`, the `/v1` routes answer 401 unless the request says `Authorization: Bearer <api_key>`.
+    A chat request body over `max_body_bytes` is refused with 413 before it is parsed.
     """
 
     def check_key(request: Request) -> None:
@@ -93,14 +118,24 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> Starlette:
             return _error_response(err)
         return JSONResponse({"object": "list", "data": [engine.describe()]})
 
+    async def stats(request: Request) -> Response:
+        try:
+            check_key(request)
+        except _Unauthorized as err:
+            return _error_response(err)
+        return JSONResponse(engine.stats())
+
     async def chat(request: Request) -> Response:
         job = None
         try:
             check_key(request)
+            raw = await _read_body(request, max_body_bytes)
             try:
-                body = json.loads(await request.body())
+                body = json.loads(raw)
             except ValueError as err:
                 raise _BadJson(f"the request body is not valid JSON: {err}") from err
+            except RecursionError as err:  # the C decoder recurses once per array or object level
+                raise _BadJson("the request body nests arrays and objects too deeply to be parsed") from err
             job = await run_in_threadpool(engine.prepare, body)
             loop = asyncio.get_running_loop()
             events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -135,6 +170,7 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> Starlette:
     return Starlette(routes=[
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/stats", stats, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
     ])
 
