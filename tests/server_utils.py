@@ -166,3 +166,117 @@ def chain_tool_turns(ask, user: list[dict], tools: list[dict], seed: int, extra:
     body = {"messages": messages, "tools": tools, "max_tokens": 32, "seed": seed, "tool_choice": "none", **extra}
     resp, msg = ask(body)
     assert not msg.tool_calls and isinstance(msg.content, str) and resp.usage.prompt_tokens > prompt_tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# raw HTTP (the hardening suites send bodies the openai client would refuse to build)
+# ---------------------------------------------------------------------------------------------------------------------
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def http(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+         timeout: float = 120) -> tuple[int, bytes]:
+    """(status, body bytes) of one request on 127.0.0.1:`port`; a non-2xx status is returned, not raised."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def post_chat(port: int, body: Any, headers: dict | None = None, timeout: float = 120) -> tuple[int, bytes]:
+    """POST a body (a JSON value, or bytes sent as they are) to /v1/chat/completions."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return http(port, "POST", "/v1/chat/completions", raw, headers, timeout)
+
+
+def error_of(status: int, data: bytes) -> dict[str, Any]:
+    """The `error` object of a 4xx/5xx reply, after checking OpenAI's shape exactly (contract §1.8)."""
+    payload = json.loads(data)
+    assert set(payload) == {"error"}, payload
+    err = payload["error"]
+    assert set(err) == ERROR_KEYS, err
+    assert isinstance(err["message"], str) and err["message"], err
+    assert isinstance(err["type"], str) and err["type"], err
+    assert err["param"] is None or isinstance(err["param"], str), err
+    assert err["code"] is None or isinstance(err["code"], str), err
+    return err
+
+
+def sse_events(data: bytes) -> list[Any]:
+    """The parsed `data:` payloads of an SSE body; `[DONE]` stays a string."""
+    out = []
+    for line in data.decode("utf-8").split("\n"):
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def message_of_events(events: list[Any]) -> dict[str, Any]:
+    """Streamed chunk dicts → {"content", "tool_calls": [{"name", "arguments"}], "finish_reason", "usage"}."""
+    assert events and events[-1] == "[DONE]", events[-3:]
+    content, calls, finish, usage = None, {}, None, None
+    for ev in events[:-1]:
+        assert "error" not in ev, ev
+        usage = ev.get("usage") or usage
+        for choice in ev["choices"]:
+            d = choice["delta"]
+            if d.get("content") is not None:
+                content = (content or "") + d["content"]
+            for tc in d.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                if tc["index"] not in calls:
+                    calls[tc["index"]] = {"name": fn["name"], "arguments": ""}
+                calls[tc["index"]]["arguments"] += fn.get("arguments") or ""
+            if choice.get("finish_reason") is not None:
+                finish = choice["finish_reason"]
+    return {"content": content, "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish,
+            "usage": usage}
+
+
+def message_of_completion(payload: dict[str, Any]) -> dict[str, Any]:
+    """A non-streamed `chat.completion` dict in `message_of_events`' shape."""
+    assert payload["object"] == "chat.completion" and len(payload["choices"]) == 1, payload
+    choice = payload["choices"][0]
+    msg = choice["message"]
+    assert msg["role"] == "assistant"
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in msg.get("tool_calls") or []]
+    return {"content": msg.get("content"), "tool_calls": calls, "finish_reason": choice["finish_reason"],
+            "usage": payload["usage"]}
+
+
+def check_message(body: dict[str, Any], message: dict[str, Any], *, constrained: bool) -> None:
+    """A reply is valid for its own request: declared and allowed names, arguments valid against that tool's
+    parameters, the call count within the policy, a forced call present, response_format content valid."""
+    import jsonschema
+
+    import constrain
+
+    policy = constrain.Policy.from_request(body)
+    declared = {t["function"]["name"]: t["function"].get("parameters") or {} for t in body.get("tools") or []}
+    calls = message["tool_calls"]
+    for c in calls:
+        assert c["name"] in policy.allowed, (c["name"], policy.allowed)
+        jsonschema.validate(json.loads(c["arguments"]), declared[c["name"]])
+    assert len(calls) <= policy.max_calls
+    if constrained and policy.mode == "required":
+        assert calls and message["finish_reason"] != "length", message
+    fmt = body.get("response_format")
+    if constrained and fmt and fmt["type"] == "json_schema" and not calls:
+        assert message["finish_reason"] == "stop", message
+        jsonschema.validate(json.loads(message["content"]), fmt["json_schema"]["schema"])
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
