@@ -630,9 +630,15 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
 
 def _closure_of(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n: int) -> np.ndarray:
     """Boolean [n]: the seeds and every state reachable from them along the CSR graph (start, neighbours)."""
-    seen = np.zeros(n, bool)
-    seen[seeds] = True
+    return _levels_from(seeds, start, neighbours, n) >= 0
+
+
+def _levels_from(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n: int) -> np.ndarray:
+    """int64 [n]: the fewest edges from a seed along the CSR graph (start, neighbours); -1 where unreachable."""
+    level = np.full(n, -1, np.int64)
+    level[seeds] = 0
     frontier = np.asarray(seeds, dtype=np.int64)
+    d = 0
     while frontier.size:
         counts = start[frontier + 1] - start[frontier]
         total = int(counts.sum())
@@ -640,9 +646,10 @@ def _closure_of(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n:
             break
         offsets = np.repeat(start[frontier] - np.cumsum(counts) + counts, counts) + np.arange(total)
         nxt = np.unique(neighbours[offsets])
-        frontier = nxt[~seen[nxt]]
-        seen[frontier] = True
-    return seen
+        frontier = nxt[level[nxt] < 0]
+        d += 1
+        level[frontier] = d
+    return level
 
 
 def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -662,7 +669,8 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     dst = transitions[src, cls].astype(np.int64)
     # co-reachable (can reach acceptance): closure over reversed edges
     order = np.argsort(dst, kind="stable")
-    live = _closure_of(np.nonzero(accepting)[0], np.searchsorted(dst[order], np.arange(n + 1)), src[order], n)
+    to_accept = _levels_from(np.nonzero(accepting)[0], np.searchsorted(dst[order], np.arange(n + 1)), src[order], n)
+    live = to_accept >= 0
     if not live[start]:
         return _empty_dfa()
     trans = np.where((transitions >= 0) & live[np.maximum(transitions, 0)], transitions, -1)
@@ -676,7 +684,7 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     trans = renumber[trans[keep]]  # -1 indexes the last slot, which stays -1
     acc = accepting[keep]
     start = int(renumber[start])
-    trans, acc, start = _minimise(trans, acc, start, budget)
+    trans, acc, start = _minimise(trans, acc, start, budget, to_accept[keep])
     # merge classes whose columns are identical
     cols, class_map = _unique_rows(trans.T)
     return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, start)
@@ -784,10 +792,22 @@ def _is_congruence(trans: np.ndarray, accepting: np.ndarray, block: np.ndarray) 
     return bool((accepting == accepting[rep]).all() and (mapped == mapped[rep]).all())
 
 
-def _minimise(trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget) -> tuple[np.ndarray, np.ndarray, int]:
-    """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback)."""
+def _minimise(
+    trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget, to_accept: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback).
+
+    The first partition already separates states by what equivalent states share: acceptance, the fewest symbols to
+    acceptance (`to_accept`, when given) and which classes have a live transition. Refinement then needs far fewer
+    rounds (each a handful of numpy calls) on the long chains of literal text in tool-call grammars.
+    """
     n, k = trans.shape
-    _, block = np.unique(accepting, return_inverse=True)
+    features = [accepting.astype(np.int64)]
+    if to_accept is not None:
+        features.append(np.asarray(to_accept, dtype=np.int64))
+    live_classes = np.packbits(trans >= 0, axis=1)
+    features.append(_unique_rows(live_classes)[1].astype(np.int64))
+    _, block = np.unique(np.column_stack(features), axis=0, return_inverse=True)
     block0 = block.reshape(-1).astype(np.int64)
     n0 = int(block0.max()) + 1
     block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
@@ -882,7 +902,8 @@ def _structural_key(expr: Expr, keys: dict[int, tuple[Expr, bytes]]) -> bytes:
     elif isinstance(expr, (_Concat, _Union)):
         h.update(b"C%d" % len(expr.parts) if isinstance(expr, _Concat) else b"U%d" % len(expr.parts))
         for part in expr.parts:
-            h.update(_structural_key(part, keys))
+            # a byte set inline (literal text is long runs of them); tagged records keep the stream unambiguous
+            h.update(b"b" + part.mask.to_bytes(32, "little") if isinstance(part, _Bytes) else b"k" + _structural_key(part, keys))
     elif isinstance(expr, _Repeat):
         h.update(b"R%d,%d" % (expr.lo, -1 if expr.hi is None else expr.hi))
         h.update(_structural_key(expr.body, keys))
