@@ -1,0 +1,191 @@
+"""Pathological schemas against a real `constrain serve --constrained-tools`: each compiles (and the reply is valid
+for it) or is refused with a 400 whose `param` names the tool (`tools[i]...`) and the JSON Pointer, within a bounded
+wait. Never a 5xx, never an unconstrained run. Counts of tools and the 1 MB case run at the library level too, since
+the demo model's 4096-token context refuses such prompts before anything compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from server_utils import Server, check_message, error_of, message_of_completion, post_chat
+
+USER = [{"role": "user", "content": "Go."}]
+OUTCOMES: list[tuple[str, int, str, float]] = []  # (case, status, code or "ok", seconds), printed at teardown
+
+
+def tool(name: str, parameters: dict, **extra) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters, **extra}}
+
+
+def nested_objects(depth: int) -> dict:
+    schema: dict = {"type": "string", "maxLength": 4}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"k": schema}, "required": ["k"]}
+    return schema
+
+
+def nested_arrays(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema, "maxItems": 2}
+    return {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+
+
+def one(prop: dict) -> dict:
+    return {"type": "object", "properties": {"v": prop}, "required": ["v"]}
+
+
+RECURSIVE_TREE = {"type": "object", "properties": {"node": {"$ref": "#/$defs/n"}}, "required": ["node"], "$defs": {
+    "n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+          "required": ["v"]}}}
+MUTUAL_REFS = {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {
+    "a": {"anyOf": [{"$ref": "#/$defs/b"}, {"type": "null"}]}, "b": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}}}
+
+# (case, tool parameters, max_tokens, expected): "ok" = compiles and the forced call is valid; else (code, pointer
+# under the tool's parameters). Cases that need a second or more each (state or time budget) are marked slow.
+TOOL_CASES = [
+    ("nested_objects_8", nested_objects(8), 96, "ok"),
+    ("nested_objects_30", nested_objects(30), 256, "ok"),
+    ("nested_arrays_30", nested_arrays(30), 64, ("budget_exceeded", "")),
+    ("recursive_ref_tree", RECURSIVE_TREE, 96, "ok"),
+    ("mutually_recursive_refs", MUTUAL_REFS, 96, "ok"),
+    ("unresolvable_ref", one({"$ref": "#/$defs/missing"}), 64, ("invalid_json_schema", "/properties/v/$ref")),
+    ("remote_ref", one({"$ref": "https://example.com/s.json"}), 64, ("unsupported_json_schema", "/properties/v/$ref")),
+    ("maxLength_1e6", one({"type": "string", "maxLength": 1_000_000}), 64, ("budget_exceeded", "")),
+    ("regex_determinisation_blowup", one({"type": "string", "pattern": "^(a|b)*a(a|b){30}$"}), 64,
+     ("budget_exceeded", "")),
+    ("malformed_regex", one({"type": "string", "pattern": "(a"}), 64, ("invalid_json_schema", "/properties/v/pattern")),
+    ("integer_range_1e30", one({"type": "integer", "minimum": -10**30, "maximum": 10**30}), 96, "ok"),
+    pytest.param("minLength_1e6", one({"type": "string", "minLength": 1_000_000}), 64, ("budget_exceeded", ""),
+                 marks=pytest.mark.slow),
+    pytest.param("minItems_1e5", one({"type": "array", "items": {"type": "integer"}, "minItems": 100_000}), 64,
+                 ("budget_exceeded", ""), marks=pytest.mark.slow),
+    pytest.param("bounded_repetition_50000", one({"type": "string", "pattern": "^[a-z]{1,50000}$"}), 64,
+                 ("budget_exceeded", ""), marks=pytest.mark.slow),
+    pytest.param("nested_bounded_repetitions", one({"type": "string", "pattern": "^((a{1,20}){1,20}){1,20}$"}), 64,
+                 ("budget_exceeded", ""), marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from constrain.demo_model import ensure_demo_model
+
+    try:
+        ensure_demo_model()
+    except FileNotFoundError as err:
+        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    s = Server("schemas", ["--constrained-tools"], tmp_path_factory.mktemp("schemas"))
+    s.start()
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+        print("\npathological schemas (case, status, outcome, seconds):")
+        for row in OUTCOMES:
+            print(f"  {row[0]:32s} {row[1]}  {row[2]:26s} {row[3]:6.2f}")
+
+
+def send(server: Server, case: str, body: dict) -> tuple[int, bytes]:
+    t0 = time.monotonic()
+    status, data = post_chat(server.port, body, timeout=180)  # a bounded wait: a hang fails here
+    outcome = "ok" if status == 200 else json.loads(data)["error"]["code"]
+    OUTCOMES.append((case, status, outcome, time.monotonic() - t0))
+    assert status < 500, data[:500]
+    return status, data
+
+
+@pytest.mark.parametrize("case, parameters, max_tokens, expected", TOOL_CASES)
+def test_pathological_tool(server, case, parameters, max_tokens, expected):
+    # the pathological tool sits second, after a harmless one, so `param` must name it by its own index
+    tools = [tool("harmless", one({"type": "boolean"})), tool(f"t_{case}", parameters)]
+    body = {"messages": USER, "tools": tools, "max_tokens": max_tokens, "seed": 0,
+            "tool_choice": {"type": "function", "function": {"name": f"t_{case}"}},
+            "chat_template_kwargs": {"enable_thinking": False}}
+    status, data = send(server, case, body)
+    if expected == "ok":
+        assert status == 200, data[:500]
+        message = message_of_completion(json.loads(data))
+        assert [c["name"] for c in message["tool_calls"]] == [f"t_{case}"]
+        check_message(body, message, constrained=True)
+    else:
+        code, pointer = expected
+        assert status == 400, data[:500]
+        err = error_of(status, data)
+        assert err["code"] == code and err["type"] == "invalid_request_error", err
+        expected_param = "tools[1].function.parameters" + "".join(
+            f".{p}" for p in pointer.split("/")[1:])
+        assert err["param"] == expected_param, err
+        if code == "budget_exceeded":
+            assert f"t_{case}" in err["message"], err  # the refusal names the tool
+
+
+def test_enum_of_thousands_in_response_format(server):
+    schema = one({"enum": [f"value_{i:05d}" for i in range(5000)]})
+    body = {"messages": USER, "max_tokens": 64, "seed": 0, "chat_template_kwargs": {"enable_thinking": False},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+    status, data = send(server, "enum_5000 (response_format)", body)
+    assert status == 200, data[:300]
+    message = message_of_completion(json.loads(data))
+    check_message(body, message, constrained=True)
+    assert json.loads(message["content"])["v"] in schema["properties"]["v"]["enum"]
+
+
+def test_one_megabyte_enum_is_refused_by_budget(server):
+    schema = one({"enum": [f"{i:06d}-" + "x" * 40 for i in range(22_000)]})
+    body = {"messages": USER, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+    assert len(json.dumps(body)) > 1_000_000
+    status, data = send(server, "enum_22000_1MB (response_format)", body)
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "budget_exceeded"
+    assert err["param"] == "response_format.json_schema.schema"
+
+
+def test_schema_nested_past_the_request_depth_bound(server):
+    body = {"messages": USER, "tools": [tool("deep", nested_objects(70))], "tool_choice": "required", "max_tokens": 64}
+    status, data = send(server, "nested_objects_70 (past MAX_JSON_DEPTH)", body)
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "invalid_value"
+    assert err["param"].startswith("tools[0].function.parameters.properties.k"), err
+
+
+def test_500_tools_refused_128_tools_reach_the_prompt(server):
+    many = [tool(f"tool_{i:03d}", one({"type": "integer"})) for i in range(500)]
+    status, data = send(server, "500_tools", {"messages": USER, "tools": many, "max_tokens": 64})
+    err = error_of(status, data)
+    assert status == 400 and err["param"] == "tools", err
+    # 128 is OpenAI's bound: taken, then refused only because the demo model's context cannot hold the prompt
+    status, data = send(server, "128_tools", {"messages": USER, "tools": many[:128], "max_tokens": 64})
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "context_length_exceeded", err
+
+
+def test_one_megabyte_of_tool_json_compiles(qwen3_vocab):
+    """128 tools whose JSON totals over 1 MB (long descriptions, as real tool catalogues have) compile, and the
+    policy's mask admits exactly the declared names (library level: no demo-sized context in the way)."""
+    import constrain
+    from constrain.compiler import compile_index
+
+    tools = [tool(f"tool_{i:03d}", {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20, "description": "d" * 4000},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14, "description": "e" * 4000},
+        "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}, description="f" * 500)
+        for i in range(128)]
+    body = {"tools": tools, "tool_choice": "required"}
+    assert len(json.dumps(body)) > 1_000_000
+    policy = constrain.Policy.from_request(body)
+    t0 = time.monotonic()
+    index = compile_index(policy, qwen3_vocab, tool_format="hermes", thinking=False, cache=None)
+    need = index.min_tokens_from_start()
+    OUTCOMES.append(("128_tools_1MB (library)", 200, "ok", time.monotonic() - t0))
+    assert 0 < need < 64
+    allowed = set(index.start().allowed_token_ids().tolist())
+    assert allowed and not allowed & set(qwen3_vocab.eos_ids)  # required: the turn cannot end before a call
