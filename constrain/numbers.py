@@ -413,3 +413,38 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
         shape = fa.concat(fa.optional(_MINUS), fa.repeat(_DIGIT, 1), _DOT, fa.repeat(_DIGIT, 1, fraction_digits), fa.repeat(fa.literal(b"0"), 0))
         fractions = fa.intersect(fractions, shape)
     return fa.union(integers, fractions)
+
+
+MAX_CANONICAL_DIGITS = 15
+"""Digits a number may have under `not` (DBL_DIG: such decimals survive the round trip through a double)."""
+
+
+def _canonical_numbers() -> fa.Expr:
+    integers = fa.union(fa.literal(b"0"), fa.concat(fa.optional(_MINUS), _NONZERO, fa.repeat(_DIGIT, 0, MAX_CANONICAL_DIGITS - 1)))
+    fractions = []
+    for i in range(1, MAX_CANONICAL_DIGITS):  # i integer digits, 1..(15 - i) fraction digits, the last not 0
+        whole = fa.literal(b"0") if i == 1 else fa.concat(_NONZERO, fa.repeat(_DIGIT, i - 1, i - 1))
+        if i == 1:
+            whole = fa.union(whole, _NONZERO)
+        frac = fa.concat(fa.repeat(_DIGIT, 0, MAX_CANONICAL_DIGITS - i - 1), _NONZERO)
+        fractions.append(fa.concat(whole, _DOT, frac))
+    # "-0.5" is negative; "-0" alone never appears (integers above)
+    return fa.union(integers, fa.concat(fa.optional(_MINUS), fa.union(*fractions)))
+
+
+CANONICAL_NUMBER: fa.Expr = _canonical_numbers()
+"""The numbers a value checked by `not` is written with: integral values as integers, other values as plain decimals
+without trailing zeros, never an exponent or `-0`, at most 15 digits. Python compares such a decimal with any bound
+as its exact value would, so every numeric keyword is exact on these texts (see docs/guarantees.md, `not`)."""
+
+
+def canonical_text(x: int | float) -> str:
+    """A number as the writing rules spell it: integral values without a fraction, others as plain decimals."""
+    if isinstance(x, int):
+        return str(x)
+    if x.is_integer():
+        return str(int(x))
+    text = repr(x)
+    if "e" in text or "E" in text:
+        text = format(Decimal(text), "f")
+    return text

@@ -7,6 +7,7 @@ The writing rules and every keyword's guarantee are listed in docs/guarantees.md
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,13 +35,18 @@ APPLIED = frozenset(
         "$ref", "$defs", "definitions", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
         "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
         "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties", "propertyNames", "uniqueItems",
+        "not", "patternProperties", "contains", "minContains", "maxContains",
     }
 )
+# Keywords rewritten into allOf/anyOf parts before merging (see `_desugar`).
+DESUGARED = frozenset({"dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else"})
+NOT_MARK = "#not"  # pushed on the `$ref` stack at each `not`: recursion is counted afresh inside the operand
+MAX_NOT_NESTING = 16
+MAX_PATTERN_PROPERTIES = 8
 # Assertion keywords of JSON Schema drafts 4 to 2020-12 that constrain does not enforce: always an error.
 UNSUPPORTED = frozenset(
     {
-        "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
-        "minContains", "maxContains", "patternProperties", "unevaluatedProperties", "unevaluatedItems",
+        "unevaluatedProperties", "unevaluatedItems",
         "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor", "contentSchema",
     }
 )
@@ -273,6 +279,77 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _mentions_not(node: Any) -> bool:
+    """Whether a `not` (or a keyword rewritten with one) occurs anywhere in `node`."""
+    if isinstance(node, list):
+        return any(_mentions_not(x) for x in node)
+    if not isinstance(node, dict):
+        return False
+    return any(k in ("not", "if", "maxContains") or (k not in ("enum", "const") and _mentions_not(v)) for k, v in node.items())
+
+
+def _canonical_text(value: Any, rank: dict[str, int] | None) -> str:
+    """`value` in compact writing-rule form: ranked keys first in rank order, numbers by `numbers.canonical_text`."""
+    from constrain import numbers as _numbers
+
+    if isinstance(value, dict):
+        items = list(value.items())
+        if rank is not None:
+            items.sort(key=lambda kv: rank.get(kv[0], len(rank)))
+        return "{" + ",".join(dump_json(k) + ":" + _canonical_text(v, rank) for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_canonical_text(v, rank) for v in value) + "]"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _numbers.canonical_text(value)
+    return dump_json(value)
+
+
+def _desugar(schema: dict, pointer: str) -> dict:
+    """`schema` with its conditional keywords rewritten as allOf parts of anyOf/not (exact equivalents).
+
+    dependencies / dependentRequired / dependentSchemas: for each name, `name` absent (`_absent`, an internal keyword)
+    or present together with its requirement. if/then/else: anyOf[allOf[if, then], allOf[not if, else]].
+    then/else without if, and minContains/maxContains without contains, assert nothing (dropped).
+    """
+    if not any(k in schema for k in DESUGARED) and not (("minContains" in schema or "maxContains" in schema) and "contains" not in schema):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in DESUGARED}
+    if "contains" not in schema:
+        out.pop("minContains", None)
+        out.pop("maxContains", None)
+    parts: list[Any] = []
+    for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+        if key not in schema:
+            continue
+        deps = schema[key]
+        if not isinstance(deps, dict):
+            raise InvalidSchema(f"'{key}' must be an object", pointer=join_pointer(pointer, key))
+        for name, need in deps.items():
+            where = join_pointer(pointer, key, name)
+            if isinstance(need, list) and key != "dependentSchemas":
+                if not all(isinstance(n, str) for n in need):
+                    raise InvalidSchema(f"'{key}' arrays must hold property names", pointer=where)
+                present: Any = {"required": [name, *need]}
+            elif isinstance(need, (dict, bool)) and key != "dependentRequired":
+                if need is True or need == {}:
+                    continue
+                present = {"allOf": [{"required": [name]}, need]}
+            else:
+                raise InvalidSchema(f"'{key}' values must be {'arrays' if key == 'dependentRequired' else 'schemas'}", pointer=where)
+            parts.append({"anyOf": [{"_absent": [name]}, present]})
+    if "if" in schema:
+        cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+        if cond is True:
+            parts.append(then)
+        elif cond is False:
+            parts.append(other)
+        elif then is not True or other is not True:
+            parts.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]})
+    if not parts:
+        return out
+    return {**out, "allOf": [*out.get("allOf", []), *parts]} if isinstance(out.get("allOf", []), list) else out
+
+
 class _Compiler:
     def __init__(self, root: Any, opts: SchemaOptions, pointer: str):
         self.root = root
@@ -288,6 +365,24 @@ class _Compiler:
         # "valid against exactly one branch" checkable on texts. None elsewhere (keys in schema order).
         self.key_rank: dict[str, int] | None = None
         self._memo: dict[tuple[int, tuple[str, ...], str], fa.Expr] = {}
+        self._ranks: list[dict[str, int]] = []  # keeps every ranking alive: caches key on id(key_rank)
+        self._universe_cache: dict[tuple[int, int], fa.Expr] = {}
+        # Inside a `not` operand (negations > 0) a narrower language would widen the complement, so keywords that
+        # constrain enforces narrowly (formats) are refused there, and `$ref` recursion may unroll one level deeper
+        # than the universe of the complement nests (ref_limit).
+        self.negations = 0
+        self.ref_limit = opts.max_depth
+        # where each subschema of the request sits: rewritten keywords (`_desugar`) and merged parts still report
+        # errors at the subschema's own JSON Pointer
+        self._where: dict[int, str] = {}
+        stack = [(root, pointer)]
+        while stack:
+            node, where = stack.pop()
+            if isinstance(node, dict):
+                self._where.setdefault(id(node), where)
+                stack += [(v, join_pointer(where, k)) for k, v in node.items() if k not in ("enum", "const", "default", "examples")]
+            elif isinstance(node, list):
+                stack += [(v, join_pointer(where, i)) for i, v in enumerate(node)]
 
     def unsupported(self, message: str, pointer: str) -> None:
         """An assertion keyword constrain cannot enforce: an error, or recorded and skipped under `relax`."""
@@ -319,11 +414,21 @@ class _Compiler:
             for name in node.get("required") or () if isinstance(node.get("required"), list) else ():
                 if isinstance(name, str):
                     rank.setdefault(name, len(rank))
+            for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+                deps = node.get(key)
+                for name, need in deps.items() if isinstance(deps, dict) else ():
+                    rank.setdefault(name, len(rank))
+                    for other_name in need if isinstance(need, list) else ():
+                        if isinstance(other_name, str):
+                            rank.setdefault(other_name, len(rank))
             for key, value in node.items():
                 if key not in ("enum", "const", "examples", "default"):
                     visit(value)
 
         visit(schemas)
+        if self.key_rank is not None and len(rank) == len(self.key_rank):
+            return self
+        self._ranks.append(rank)
         other = object.__new__(_Compiler)
         other.__dict__.update(self.__dict__)
         other.key_rank = rank
@@ -350,7 +455,8 @@ class _Compiler:
             return fa.NOTHING
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer=pointer)
-        key = (id(schema), refs, self.syntax.name, id(self.key_rank))
+        pointer = self._where.get(id(schema), pointer)
+        key = (id(schema), refs, self.syntax.name, self.syntax.whitespace, id(self.key_rank))
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -364,11 +470,13 @@ class _Compiler:
     def resolve(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> tuple[dict | None, str, tuple[str, ...]]:
         """Follow `$ref` (merging sibling keywords), and flatten `allOf` into one schema."""
         seen = 0
+        schema = _desugar(schema, pointer)
         while "$ref" in schema:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise InvalidSchema("'$ref' must be a string", pointer=join_pointer(pointer, "$ref"))
-            if refs.count(ref) >= self.opts.max_depth:
+            since_not = refs[len(refs) - refs[::-1].index(NOT_MARK):] if NOT_MARK in refs else refs
+            if since_not.count(ref) >= self.ref_limit:
                 return None, pointer, refs
             target, target_pointer = self.lookup(ref, join_pointer(pointer, "$ref"))
             refs = refs + (ref,)
@@ -382,6 +490,7 @@ class _Compiler:
                 target = {}
             if not isinstance(target, dict):
                 raise InvalidSchema(f"'$ref' target {ref!r} is not a schema", pointer=join_pointer(pointer, "$ref"))
+            target = _desugar(target, target_pointer)
             if siblings and any(k not in ANNOTATIONS and k not in ("$defs", "definitions") for k in siblings):
                 schema = self.merge(target, siblings, target_pointer, pointer)
             else:
@@ -438,7 +547,7 @@ class _Compiler:
             if key in ANNOTATIONS or key in ("$defs", "definitions", "prefixItems", "items", "additionalItems"):
                 out.setdefault(key, bv)
                 continue
-            if key in ("_patterns", "_formats"):
+            if key in ("_patterns", "_formats", "_absent"):
                 out[key] = [*out.get(key, []), *bv]
                 continue
             if key not in APPLIED and key not in UNSUPPORTED:  # unknown keywords are annotations
@@ -476,6 +585,15 @@ class _Compiler:
                 out[key] = [{"allOf": [x, y]} for x in av for y in bv]
             elif key in ("additionalProperties", "propertyNames"):
                 out[key] = {"allOf": [av, bv]}
+            elif key == "not":  # not A and not B = not (A or B)
+                out[key] = {"anyOf": [av, bv]}
+            elif key == "patternProperties":
+                if not isinstance(av, dict) or not isinstance(bv, dict):
+                    raise InvalidSchema("'patternProperties' must be an object", pointer=where)
+                patterns = dict(av)
+                for pattern, sub in bv.items():
+                    patterns[pattern] = {"allOf": [patterns[pattern], sub]} if pattern in patterns else sub
+                out[key] = patterns
             elif key == "uniqueItems":
                 out[key] = bool(av) or bool(bv)
             elif _json_equal(av, bv):
@@ -490,6 +608,14 @@ class _Compiler:
                 raise UnsupportedSchema(f"cannot merge two different '{key}' values in allOf", pointer=where)
         if "properties" in a and "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
             self._merge_closed_objects(a, b, out)
+        if ("patternProperties" in a or "patternProperties" in b) and any(
+            side.get("additionalProperties", True) is not True for side in (a, b)
+        ):
+            # which keys one side's additionalProperties governs depends on that side's patterns alone
+            raise UnsupportedSchema(
+                "cannot merge 'patternProperties' with another part's 'additionalProperties' in allOf",
+                pointer=join_pointer(pb, "patternProperties" if "patternProperties" in b else "additionalProperties"),
+            )
         return out
 
     @staticmethod
@@ -531,7 +657,7 @@ class _Compiler:
 
     def _value(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
         for key in schema:
-            if key in APPLIED or key in ("_patterns", "_formats"):
+            if key in APPLIED or key in ("_patterns", "_formats", "_absent"):
                 continue
             if key in ANNOTATIONS:
                 continue
@@ -550,6 +676,8 @@ class _Compiler:
                     raise InvalidSchema(f"'{key}' must be a non-empty array", pointer=join_pointer(pointer, key))
                 rest = {k: v for k, v in schema.items() if k != key}
                 compiler = self if key == "anyOf" else self.ranked([rest, *branches])
+                if key == "oneOf" and _mentions_not([rest, *branches]):
+                    compiler = self.ranked([self.root, rest, *branches])
                 exprs = []
                 for i, branch in enumerate(branches):
                     bp = join_pointer(pointer, key, i)
@@ -557,9 +685,22 @@ class _Compiler:
                     exprs.append(compiler.value(combined, bp, refs))
                 if key == "anyOf":
                     return fa.union(*exprs)
+                if _mentions_not([rest, *branches]):
+                    # a branch with `not` writes its values only in the universe's form: so must the others, or a
+                    # value valid in two branches could have a text in one only
+                    universe = compiler.universe(self.opts.max_depth)
+                    exprs = [fa.intersect(e, universe) for e in exprs]
                 return self.exactly_one(exprs, pointer)
         if "enum" in schema or "const" in schema:
             return self.enum(schema, pointer, refs)
+        if "not" in schema:
+            # both sides under one key ranking, so that an object has one text in each (see `complement`)
+            ranked = self.ranked([self.root, schema])
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            negative = ranked.complement(schema["not"], join_pointer(pointer, "not"), refs)
+            if all(k in ANNOTATIONS or k not in APPLIED and k not in ("_patterns", "_formats", "_absent") for k in rest):
+                return negative
+            return fa.intersect(ranked._value(rest, pointer, refs), negative)
         types = self.types(schema, pointer)
         alternatives = []
         for t in types:
@@ -567,6 +708,64 @@ class _Compiler:
                 continue
             alternatives.append(self.typed(t, schema, pointer, refs))
         return fa.union(*alternatives)
+
+    def complement(self, operand: Any, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
+        """`not`: the texts of `universe` whose value is not valid against `operand`.
+
+        Exact because the operand's language is saturated on the universe: every text of the universe that writes a
+        valid value of the operand is in it (one key order, one number spelling, uniform whitespace, no key twice);
+        so removing it removes exactly the valid values. The operand is compiled with its JSON Schema meaning
+        (closed_objects off), formats refused, and `$ref` recursion unrolled one level past the universe's depth.
+        """
+        if operand is False:
+            return self.any_value(self.opts.max_depth)
+        if operand is True or operand == {}:
+            return fa.NOTHING
+        try:
+            if self.syntax.name != "json":
+                raise UnsupportedSchema(f"'not' is supported in JSON arguments only, not in {self.syntax.name}", pointer=pointer)
+            if refs.count(NOT_MARK) >= MAX_NOT_NESTING:
+                raise UnsupportedSchema(f"'not' nested more than {MAX_NOT_NESTING} times (through '$ref')", pointer=pointer)
+            inner = object.__new__(_Compiler)
+            inner.__dict__.update(self.__dict__)
+            inner.opts = dataclasses.replace(self.opts, closed_objects=False, relax=False)
+            inner.negations = self.negations + 1
+            inner.ref_limit = self.opts.max_depth + 1
+            positive = fa.compile(inner.value(operand, pointer, refs + (NOT_MARK,)), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+        except fa.BudgetExceeded:
+            raise
+        except UnsupportedSchema as err:
+            if not self.opts.relax:
+                raise
+            self.relaxed.append((err.pointer, f"'not' skipped: {err}"))
+            return self.any_value(self.opts.max_depth)
+        return fa.difference(self.universe(self.opts.max_depth), positive)
+
+    def universe(self, depth: int) -> fa.Expr:
+        """The values a `not` ranges over, in one text each (see docs/guarantees.md, `not`).
+
+        Numbers in `CANONICAL_NUMBER` form; object keys the ranking names in rank order, then at most one other key
+        (two could repeat a key, and a text with a repeated key is not one value); nesting at most `depth`.
+        """
+        from constrain import numbers as _numbers
+
+        syntax = self.syntax
+        cache_key = (syntax.whitespace, depth, id(self.key_rank))
+        hit = self._universe_cache.get(cache_key)
+        if hit is not None:
+            return hit
+        values = [syntax.null, syntax.true, syntax.false, _numbers.CANONICAL_NUMBER, syntax.string(ANY_TEXT)]
+        if depth > 0:
+            inner = self.universe(depth - 1)
+            values.append(fa.concat(syntax.arr_open, fa.optional(fa.concat(inner, fa.repeat(fa.concat(syntax.item_sep, inner), 0))), syntax.arr_close))
+            rank = self.key_rank or {}
+            others = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in rank))) if rank else ANY_TEXT
+            slots = [(syntax.member(syntax.key(n), inner), False) for n in sorted(rank, key=rank.get)]
+            slots.append((syntax.member(syntax.extra_key(others), inner), False))
+            values.append(fa.concat(syntax.obj_open, self.members_uncounted(slots, None), syntax.obj_close))
+        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline)
+        self._universe_cache[cache_key] = expr
+        return expr
 
     def exactly_one(self, exprs: list[fa.Expr], pointer: str) -> fa.Expr:
         """oneOf: the texts in exactly one branch (the union minus every pairwise overlap)."""
@@ -631,6 +830,9 @@ class _Compiler:
         for name, where in formats:
             if not isinstance(name, str):
                 raise InvalidSchema("'format' must be a string", pointer=where)
+            if self.negations:
+                # formats are enforced exactly or narrower; under `not` narrower would mean accepting valid values
+                raise UnsupportedSchema(f"'format' {name!r} inside 'not' (or 'if', or 'maxContains') is not supported", pointer=where)
             parts.append(_formats.format_expr(name, pointer=where))
         if not parts and not lo and hi is None:
             return ANY_TEXT_ANY_LENGTH
@@ -690,7 +892,9 @@ class _Compiler:
             whole = int(value)
             return fa.union(fa.literal(str(whole).encode()), fa.literal(f"{whole}.0".encode()))
         if isinstance(value, float):
-            return fa.literal(dump_json(value).encode())
+            from constrain import numbers as _numbers
+
+            return fa.union(fa.literal(dump_json(value).encode()), fa.literal(_numbers.canonical_text(value).encode()))
         if isinstance(value, str) and syntax.text(value) is None:
             return syntax.string(fa.literal(value.encode()))
         if isinstance(value, (str, bool)) or value is None:
@@ -724,16 +928,19 @@ class _Compiler:
             types = set(self.types(schema, pointer))
             kept = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
         else:
-            # filter the values by the other keywords, checked in plain JSON whatever the output syntax
+            # filter the values by the other keywords, checked in plain JSON whatever the output syntax, each value
+            # written in the writing rules (under `not`: keys in the ranking's order, see `complement`)
             checker = self.nested(JsonSyntax("compact"))
+            if _mentions_not(rest):
+                checker = checker.ranked([self.root, rest])
             check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
-            kept = [v for v in values if check.matches(dump_json(v, "compact").encode())]
+            kept = [v for v in values if check.matches(_canonical_text(v, checker.key_rank).encode())]
         return fa.union(*(self.literal_value(v) for v in kept))
 
     def any_value(self, depth: int) -> fa.Expr:
         """Any JSON value in this syntax, arrays and objects nested at most `depth` levels."""
         syntax = self.syntax
-        cache_key = (syntax.name, depth, id(self.key_rank))
+        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank))
         hit = self._any_cache.get(cache_key)
         if hit is not None:
             return hit
@@ -793,6 +1000,10 @@ class _Compiler:
                 break
         if hi is not None and hi < lo:
             return fa.NOTHING
+        if "contains" in schema:
+            counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
+            if counted is not None:
+                return counted
 
         def tail(i: int) -> fa.Expr:
             """Elements i.. (each preceded by a comma), given i elements so far."""
@@ -811,6 +1022,84 @@ class _Compiler:
             body = fa.optional(body)
         return fa.concat(self.syntax.arr_open, body, self.syntax.arr_close)
 
+    def contains(self, schema: dict, pointer: str, refs: tuple[str, ...], prefix: list, items: Any, lo: int, hi: int | None) -> fa.Expr | None:
+        """Arrays with between minContains and maxContains elements valid against `contains` (None: no constraint).
+
+        Each element is written either as an element that is valid against `contains` (allOf[its items schema,
+        contains]) or, when maxContains counts, as one that is not (its items schema and the `not` of contains, in
+        the universe of `complement`); texts of JSON values split into elements in one way only, so counts are exact.
+        """
+        where = join_pointer(pointer, "contains")
+        bounds = {}
+        for key, default in (("minContains", 1), ("maxContains", None)):
+            v = schema.get(key, default)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
+                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
+            bounds[key] = None if v is None else int(v)
+        m, top = bounds["minContains"], bounds["maxContains"]
+        if m == 0 and top is None:
+            return None
+        if top is not None and top < m:
+            return fa.NOTHING
+        sub = schema["contains"]
+        inner = self.nested(self.syntax.child())
+        if top is not None:
+            inner = inner.ranked([self.root, schema])
+        sep = self.syntax.item_sep
+        cache: dict[int, tuple[fa.Expr, fa.Expr]] = {}
+
+        def element(i: int) -> tuple[fa.Expr, fa.Expr]:
+            """(texts of an element at position i not counted, texts of one that counts)."""
+            k = min(i, len(prefix))
+            if k not in cache:
+                own = prefix[i] if i < len(prefix) else items
+                own_pointer = join_pointer(pointer, "prefixItems" if "prefixItems" in schema else "items", i) if i < len(prefix) else join_pointer(pointer, "items")
+                counted = inner.value({"allOf": [own, sub]}, where, refs)
+                other = inner.value(own, own_pointer, refs)
+                if top is not None:
+                    other = fa.intersect(other, inner.complement(sub, where, refs))
+                cache[k] = (other, counted)
+            return cache[k]
+
+        loop_from = max(len(prefix), lo, 1)
+        loops: dict[int, fa.Expr] = {}
+
+        def loop(c: int) -> fa.Expr:
+            """Elements past `loop_from` (each after a comma) with c counted so far; only when hi is None."""
+            if c not in loops:
+                other, counted = element(loop_from)
+                free = fa.repeat(fa.concat(sep, other), 0)
+                done = fa.EMPTY if c >= m else fa.NOTHING
+                if top is None and c >= m:
+                    loops[c] = free
+                elif top is not None and c >= top:
+                    loops[c] = fa.concat(free, done)
+                else:
+                    nxt = min(c + 1, m) if top is None else c + 1
+                    loops[c] = fa.concat(free, fa.union(done, fa.concat(sep, counted, loop(nxt))))
+            return loops[c]
+
+        steps: dict[tuple[int, int], fa.Expr] = {}
+
+        def at(i: int, c: int) -> fa.Expr:
+            if hi is None and i >= loop_from:
+                return loop(c)
+            if (i, c) not in steps:
+                options = [fa.EMPTY] if i >= lo and c >= m else []
+                if hi is None or i < hi:
+                    other, counted = element(i)
+                    lead = fa.EMPTY if i == 0 else sep
+                    options.append(fa.concat(lead, other, at(i + 1, c)))
+                    nxt = min(c + 1, m) if top is None else c + 1
+                    if top is None or nxt <= top:
+                        options.append(fa.concat(lead, counted, at(i + 1, nxt)))
+                steps[i, c] = fa.union(*options) if options else fa.NOTHING
+            return steps[i, c]
+
+        for c in range(m if top is None else top, -1, -1):  # deepest counts first: no deep recursion
+            loop(c) if hi is None else None
+        return fa.concat(self.syntax.arr_open, at(0, 0), self.syntax.arr_close)
+
     # -- objects -------------------------------------------------------------------------
 
     def object(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
@@ -827,58 +1116,107 @@ class _Compiler:
         min_p = int(schema.get("minProperties", 0))
         max_p = schema.get("maxProperties")
         max_p = None if max_p is None else int(max_p)
-        names_expr = None
+        names_expr = names_dfa = None
         if names_schema is not True:
             names_expr = self.property_names(names_schema, join_pointer(pointer, "propertyNames"))
-        # required properties that are not declared are governed by additionalProperties
+            names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+        absent = set(schema.get("_absent", ()))
+        patterns = self.pattern_properties(schema, pointer)
         syntax = self.syntax
         inner = self.nested(syntax.child())
+        extra_pointer = join_pointer(pointer, "additionalProperties")
+
+        def undeclared(name: str) -> fa.Expr:
+            """The values of a property `properties` does not name: its patterns' schemas, else additionalProperties."""
+            matching = [(sub, where) for dfa, sub, where in patterns if dfa.matches(name.encode())]
+            if not matching:
+                return fa.NOTHING if extra is False else inner.value(extra, extra_pointer, refs)
+            if len(matching) == 1:
+                return inner.value(matching[0][0], matching[0][1], refs)
+            return inner.value({"allOf": [sub for sub, _ in matching]}, matching[0][1], refs)
+
+        def allowed(name: str) -> bool:
+            return name not in absent and (names_dfa is None or names_dfa.matches(name.encode()))
+
         slots: list[tuple[str, fa.Expr, bool]] = []
         for name, sub in props.items():
-            value = inner.value(sub, join_pointer(pointer, "properties", name), refs)
-            if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
-                value = fa.NOTHING
-            slots.append((name, value, name in required))
+            where = join_pointer(pointer, "properties", name)
+            matching = [s for dfa, s, _ in patterns if dfa.matches(name.encode())]
+            value = inner.value({"allOf": [sub, *matching]} if matching else sub, where, refs)
+            slots.append((name, value if allowed(name) else fa.NOTHING, name in required))
         declared = set(props)
-        for name in required:
+        for name in required:  # required properties that are not declared: patterns, else additionalProperties
             if name not in declared:
-                value = fa.NOTHING if extra is False else inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
-                if names_expr is not None and not fa.compile(names_expr).matches(name.encode()):
-                    value = fa.NOTHING
-                slots.append((name, value, True))
+                slots.append((name, undeclared(name) if allowed(name) else fa.NOTHING, True))
                 declared.add(name)
         for name, value, is_required in slots:
             if is_required and value == fa.NOTHING:
                 return fa.NOTHING
         slots = [s for s in slots if s[1] != fa.NOTHING]
+        declared |= absent
         rank = self.key_rank
-        if rank is not None and extra is not False:
+        if rank is not None:
             # a ranked name this object does not declare may still come as an extra property: give it its slot
-            extra_value = inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
-            if extra_value != fa.NOTHING:
-                for name in rank:
-                    if name not in declared and (names_expr is None or fa.compile(names_expr).matches(name.encode())):
-                        slots.append((name, extra_value, False))
+            for name in rank:
+                if name not in declared and allowed(name):
+                    value = undeclared(name)
+                    if value != fa.NOTHING:
+                        slots.append((name, value, False))
             declared |= set(rank)
         if syntax.sort_keys:
             slots.sort(key=lambda slot: slot[0].lower())
         elif rank is not None:
             slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
-        extra_member = None
-        if extra is not False:
-            extra_value = inner.value(extra, join_pointer(pointer, "additionalProperties"), refs)
-            if extra_value != fa.NOTHING:
-                key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in declared))) if declared else ANY_TEXT
-                if names_expr is not None:
-                    key_text = fa.intersect(key_text, names_expr)
-                extra_member = syntax.member(syntax.extra_key(key_text), extra_value)
+        key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in declared))) if declared else ANY_TEXT
+        if names_expr is not None:
+            key_text = fa.intersect(key_text, names_expr)
+        # extra keys, partitioned by which patterns they match: each part takes the allOf of its patterns' schemas
+        regions: list[tuple[fa.Expr, list[int]]] = [(key_text, [])]
+        for i, (dfa, _, _) in enumerate(patterns):
+            split = []
+            for keys, matched in regions:
+                for part, now in ((fa.intersect(keys, dfa), [*matched, i]), (fa.difference(keys, dfa), matched)):
+                    part = fa.compile(part, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+                    if not part.is_empty:
+                        split.append((part, now))
+            regions = split
+        extra_members = []
+        for keys, matched in regions:
+            if not matched:
+                value = fa.NOTHING if extra is False else inner.value(extra, extra_pointer, refs)
+            elif len(matched) == 1:
+                value = inner.value(patterns[matched[0]][1], patterns[matched[0]][2], refs)
+            else:
+                value = inner.value({"allOf": [patterns[i][1] for i in matched]}, patterns[matched[0]][2], refs)
+            if value != fa.NOTHING:
+                extra_members.append(syntax.member(syntax.extra_key(keys), value))
+        extra_member = fa.union(*extra_members) if extra_members else None
         n_req = sum(1 for _, r in members if r)
         if max_p is not None and n_req > max_p:
             return fa.NOTHING
         counted = min_p > 0 or max_p is not None
         body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
         return fa.concat(syntax.obj_open, body, syntax.obj_close)
+
+    def pattern_properties(self, schema: dict, pointer: str) -> list[tuple[fa.Dfa, Any, str]]:
+        """(automaton of the decoded keys it matches, schema, pointer) per `patternProperties` entry."""
+        from constrain import regex as _regex
+
+        entries = schema.get("patternProperties", {})
+        if not isinstance(entries, dict):
+            raise InvalidSchema("'patternProperties' must be an object", pointer=join_pointer(pointer, "patternProperties"))
+        if len(entries) > MAX_PATTERN_PROPERTIES:
+            raise UnsupportedSchema(
+                f"more than {MAX_PATTERN_PROPERTIES} 'patternProperties' (the keys are partitioned by every subset)",
+                pointer=join_pointer(pointer, "patternProperties"),
+            )
+        out = []
+        for pattern, sub in entries.items():
+            where = join_pointer(pointer, "patternProperties", pattern)
+            dfa = fa.compile(_regex.pattern_expr(pattern, pointer=where), max_states=self.opts.max_states, deadline=self.deadline, pointer=where)
+            out.append((dfa, sub, where))
+        return out
 
     def property_names(self, names_schema: Any, pointer: str) -> fa.Expr:
         if names_schema is False:
