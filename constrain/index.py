@@ -16,6 +16,12 @@ __all__ = ["NO_COMPLETION", "TokenIndex", "TokenState"]
 # Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
 _DENSE_RATIO = 4
 
+# Whole-index builds (the `min_tokens` table, `eager=True`) walk the states whose first byte leaves at most
+# _BATCH_MAX_FIRST trie nodes alive (structural states) together, _BATCH_STATES per numpy call, and the others (string
+# content: most of the trie alive) one at a time. (required_50, Llama 3: 3584 of 3801 states batched, 238 -> 48 ms.)
+_BATCH_MAX_FIRST = 32
+_BATCH_STATES = 256
+
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
@@ -375,10 +381,21 @@ class TokenIndex:
             if self._min_tokens is not None:
                 return self._min_tokens, self._min_tokens_list, self._horizon
             n = self._n_states
-            dests: list[np.ndarray] = []
-            for s in range(n):
+            dests: list[np.ndarray] = [np.zeros(0, np.intp)] * n
+            batched = self._batchable_states()
+            for lo in range(0, batched.shape[0], _BATCH_STATES):
+                chunk = batched[lo : lo + _BATCH_STATES]
+                masks, chunk_dests = self._walk_batch(chunk)
+                with self._lock:
+                    for i, s in enumerate(chunk.tolist()):
+                        dests[s] = chunk_dests[i]
+                        if self._row_of[s] < 0:
+                            self._row_of[s] = self._insert_row(masks[i])
+            single = np.ones(n, dtype=bool)
+            single[batched] = False
+            for s in np.flatnonzero(single).tolist():
                 walk = self._walk(s)
-                dests.append(self._destinations(s, walk))
+                dests[s] = self._destinations(s, walk)
                 if self._row_of[s] < 0:
                     mask = self._compute_mask(s, walk)
                     with self._lock:
@@ -463,6 +480,89 @@ class TokenIndex:
             for b in range(lo, max(hi, budget + 1)):
                 self._budget_rows[(state, b)] = row
         return row
+
+    def _batchable_states(self) -> np.ndarray:
+        """The states whose first byte leaves at most `_BATCH_MAX_FIRST` depth-1 trie nodes alive (ascending)."""
+        n = self._n_states
+        if not self._trie.max_depth:
+            return np.arange(n)
+        first = self._cls_by_depth[0]
+        live = np.empty(n, dtype=np.intp)
+        for lo in range(0, n, 4096):  # bounded temporaries: [4096, 256] gathers
+            states = np.arange(lo, min(n, lo + 4096))
+            live[lo : lo + 4096] = np.count_nonzero(self._tflat[(states * self._n_classes)[:, None] + first] >= 0, axis=1)
+        return np.flatnonzero(live <= _BATCH_MAX_FIRST)
+
+    def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and
+        `_destinations` one state at a time): the live nodes of all the states travel together, tagged by owner.
+
+        Returns:
+            `(masks, dests)`: int32 [len(states), n_words], and per state the sorted distinct DFA states its allowed
+            non-EOS tokens lead to.
+        """
+        trie, tflat, n_classes = self._trie, self._tflat, self._n_classes
+        k = int(states.shape[0])
+        masks = np.zeros((k, self._n_words), dtype=np.uint32)
+        owners: list[np.ndarray] = []
+        ends_at: list[np.ndarray] = []  # DFA state after each live node that ends some token
+        token_owner: list[np.ndarray] = []
+        token_ids: list[np.ndarray] = []
+        if trie.max_depth:
+            states64 = states.astype(np.int64)
+            first = tflat[(states64 * n_classes)[:, None] + self._cls_by_depth[0]]
+            owner, node = np.nonzero(first >= 0)
+            st = first[owner, node]
+            node = node.astype(np.int64)
+            for d in range(trie.max_depth):
+                tc = trie.term_count[node]
+                term = tc > 0
+                if term.any():
+                    t_owner, t_node, t_count = owner[term], node[term], tc[term]
+                    owners.append(t_owner)
+                    ends_at.append(st[term])
+                    ends = np.cumsum(t_count)
+                    pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[t_node] - (ends - t_count), t_count)
+                    token_owner.append(np.repeat(t_owner, t_count))
+                    token_ids.append(trie.term_tokens[pos])
+                if d + 1 == trie.max_depth:
+                    break
+                cnt = trie.child_count[node]
+                has = cnt > 0
+                if not has.all():
+                    node, st, owner, cnt = node[has], st[has], owner[has], cnt[has]
+                if not node.shape[0]:
+                    break
+                ends = np.cumsum(cnt)
+                child = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.child_start[node] - (ends - cnt), cnt)
+                nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
+                keep = nxt >= 0
+                owner = np.repeat(owner, cnt)[keep]
+                node, st = child[keep], nxt[keep]
+        if token_ids:
+            tok = np.concatenate(token_ids).astype(np.int64)
+            np.bitwise_or.at(masks, (np.concatenate(token_owner), tok >> 5), np.left_shift(np.uint32(1), (tok & 31).astype(np.uint32)))
+        flat_bits = masks.view(np.uint8)  # little-endian words: bit t % 8 of byte t // 8 is token t
+        if self._eos:
+            acc = np.flatnonzero(self._accepting[states])
+            for t in self._eos:
+                flat_bits[acc, t >> 3] |= np.uint8(1 << (t & 7))
+        pair_owner = list(owners)
+        pair_dest = list(ends_at)
+        if self._special_ids_arr.shape[0]:
+            nxt = tflat[(states.astype(np.int64) * n_classes)[:, None] + self._special_cls_arr]
+            s_owner, s_col = np.nonzero(nxt >= 0)
+            for t, o in zip(self._special_ids_arr[s_col].tolist(), s_owner.tolist()):
+                flat_bits[o, t >> 3] |= np.uint8(1 << (t & 7))
+            pair_owner.append(s_owner)
+            pair_dest.append(nxt[s_owner, s_col])
+        dests: list[np.ndarray] = [np.zeros(0, np.intp)] * k
+        if pair_owner:
+            key = np.unique(np.concatenate(pair_owner).astype(np.int64) * (self._n_states + 1) + np.concatenate(pair_dest))
+            own, dst = np.divmod(key, self._n_states + 1)
+            bounds = np.searchsorted(own, np.arange(k + 1))
+            dests = [dst[bounds[i] : bounds[i + 1]].astype(np.intp) for i in range(k)]
+        return masks.view(np.int32), dests
 
     def _walk(self, state: int) -> _Walk:
         """The live trie nodes of one state, by walking the trie depth by depth.

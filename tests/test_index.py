@@ -470,6 +470,17 @@ def test_real_vocabulary_matches_oracle(request, name):
     assert n_byte_tokens_allowed_in_string > vocab.n_tokens // 2
 
 
+@pytest.mark.parametrize("name", ["llama3_vocab", "qwen3_vocab", "gemma4_vocab"])
+def test_real_vocabulary_eager_equals_lazy(request, name):
+    # eager walks structural states many at a time and string states one at a time; lazy walks each state alone
+    vocab = _real_vocab(request, name)
+    dfa = fa.compile(fa.concat(fa.literal(b'{"name":"get_weather","arguments":'), COMPILED["json_object"], fa.literal(b"}")))
+    lazy, eager = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab, eager=True)
+    for s in range(dfa.n_states):
+        assert np.array_equal(lazy.mask_for_state(s), eager.mask_for_state(s)), s
+    assert lazy.min_tokens_from_start() == eager.min_tokens_from_start()
+
+
 def test_qwen3_tool_call_special_tokens(qwen3_vocab):
     vocab = qwen3_vocab
     tool_open, tool_close = vocab.special_tokens["<tool_call>"], vocab.special_tokens["</tool_call>"]
