@@ -148,3 +148,13 @@ def test_shared_sub_automata_keep_the_state_budget(warm_first):
     with pytest.raises(fa.BudgetExceeded):
         fa.compile(fa.concat(fa.literal(b"<"), fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 2000), fa.literal(b">")),
                    max_states=1000)
+
+
+def test_deadline_is_enforced():
+    import time
+
+    fa.clear_compiled()
+    expr = fa.repeat(fa.concat(fa.literal(b"<"), fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 50), fa.literal(b">")), 1, 40)
+    with pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(expr, deadline=time.monotonic() - 1.0, pointer="/x")
+    assert info.value.pointer == "/x"
