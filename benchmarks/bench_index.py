@@ -19,10 +19,14 @@ import tracemalloc
 
 import numpy as np
 
-from constrain import automaton as fa
-from constrain.index import NO_COMPLETION, TokenIndex, TokenState
-from constrain.trie import _build_trie  # the per-vocabulary trie, timed on its own
-from constrain.vocabulary import Vocabulary
+try:
+    import constrain  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+from constrain import automaton as fa  # noqa: E402
+from constrain.index import NO_COMPLETION, TokenIndex, TokenState  # noqa: E402
+from constrain.trie import _build_trie  # noqa: E402  (the per-vocabulary trie, timed on its own)
+from constrain.vocabulary import Vocabulary  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------------------------
 # Inputs
