@@ -63,6 +63,10 @@ def _serve(args: argparse.Namespace) -> int:
     from constrain.engine import Engine
     from constrain.server import DEFAULT_MAX_BODY_BYTES, create_app
 
+    if args.cache_max_bytes is not None:
+        from constrain.compiler import DEFAULT_CACHE
+
+        DEFAULT_CACHE.max_bytes = args.cache_max_bytes  # applied from the next lookup on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("constrain.serve")
     t0 = time.perf_counter()
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request (more: 504)")
     serve.add_argument("--max-body-bytes", type=int, default=None,
                        help="largest request body taken (default 8 MiB; more: 413)")
+    serve.add_argument("--cache-max-bytes", type=int, default=None,
+                       help="bound on the compiled-index cache (default 1 GiB; least recently used evicted first)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 for the demo model)")

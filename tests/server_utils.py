@@ -280,3 +280,120 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# load: concurrent clients, every reply checked against its own request (shared by the load test and benchmarks/load.py)
+# ---------------------------------------------------------------------------------------------------------------------
+
+LOAD_MODES = ("none", "auto", "required", "named", "response_format")
+
+
+def load_tool_sets(n_sets: int) -> list[list[dict]]:
+    """`n_sets` tool sets with names unique to their set (a reply carrying another set's name is cross-talk)."""
+    sets = []
+    for k in range(n_sets):
+        sets.append([
+            {"type": "function", "function": {"name": f"weather_{k}", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 8 + k},
+                                                 "unit": {"type": "string", "enum": ["c", "f"]}},
+                "required": ["city"]}}},
+            {"type": "function", "function": {"name": f"add_{k}", "strict": True, "parameters": {
+                "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"], "additionalProperties": False}}},
+        ])
+    return sets
+
+
+def load_body(i: int, tool_sets: list[list[dict]], max_tokens: int) -> dict:
+    """Request `i` of a load run: its tool set, mode and streaming follow from `i`; its user text is unique."""
+    tools = tool_sets[i % len(tool_sets)]
+    mode = LOAD_MODES[(i // len(tool_sets)) % len(LOAD_MODES)]
+    body: dict = {"messages": [{"role": "user", "content": f"Request number {i}: " + "please " * (i % 11)}],
+                  "max_tokens": max_tokens, "seed": i, "stream": bool((i // 3) % 2),
+                  "chat_template_kwargs": {"enable_thinking": False}}
+    if mode == "response_format":
+        k = i % len(tool_sets)
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": f"r{k}", "strict": True, "schema": {
+            "type": "object", "properties": {"set": {"type": "integer", "enum": [k]}}, "required": ["set"],
+            "additionalProperties": False}}}
+    else:
+        body["tools"] = tools
+        body["tool_choice"] = ({"type": "function", "function": {"name": tools[1]["function"]["name"]}}
+                               if mode == "named" else mode)
+    if body["stream"]:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def expected_prompt_tokens(tokenizer: Any, body: dict) -> int:
+    """The prompt length the server must report for `body` (the chat template rendered as `Engine.prepare` does)."""
+    prompt = tokenizer.apply_chat_template(body["messages"], tools=body.get("tools"), add_generation_prompt=True,
+                                           tokenize=False, **body.get("chat_template_kwargs", {}))
+    return len(tokenizer(prompt, add_special_tokens=False).input_ids)
+
+
+def run_load(port: int, *, clients: int, per_client: int, max_tokens: int, n_sets: int = 2,
+             tokenizer: Any = None, timeout: float = 300) -> dict[str, Any]:
+    """`clients` threads each send `per_client` requests back to back; every reply is checked against its own
+    request (`check_message`, and `usage.prompt_tokens` against `tokenizer` when given: a reply for another request
+    has another prompt). Returns figures and the failures (empty when every request got its own valid reply)."""
+    import statistics
+    import threading
+
+    tool_sets = load_tool_sets(n_sets)
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    expected = {}
+    if tokenizer is not None:
+        for i in range(clients * per_client):
+            expected[i] = expected_prompt_tokens(tokenizer, load_body(i, tool_sets, max_tokens))
+
+    def client(c: int) -> None:
+        for r in range(per_client):
+            i = c * per_client + r
+            body = load_body(i, tool_sets, max_tokens)
+            t0 = time.perf_counter()
+            try:
+                status, data = post_chat(port, body, timeout=timeout)
+                elapsed = time.perf_counter() - t0
+                assert status == 200, (status, data[:300])
+                if body["stream"]:
+                    message = message_of_events(sse_events(data))
+                else:
+                    message = message_of_completion(json.loads(data))
+                check_message(body, message, constrained=True)
+                if i in expected:
+                    assert message["usage"]["prompt_tokens"] == expected[i], (message["usage"], expected[i])
+            except Exception as err:  # noqa: BLE001 - collected and reported by the caller
+                with lock:
+                    failures.append(f"request {i}: {type(err).__name__}: {str(err)[:300]}")
+                continue
+            with lock:
+                latencies.append(elapsed)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    wall = time.perf_counter() - t0
+    hung = sum(t.is_alive() for t in threads)
+    if hung:
+        failures.append(f"{hung} client threads still waiting after {timeout} s")
+    ordered = sorted(latencies)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    return {"requests": clients * per_client, "ok": len(latencies), "clients": clients, "wall_s": wall,
+            "p50_s": statistics.median(ordered) if ordered else float("nan"), "p99_s": pct(0.99),
+            "throughput_rps": len(latencies) / wall if wall else 0.0, "failures": failures}
+
+
+def stats_of(port: int, api_key: str | None = None) -> dict[str, Any]:
+    status, data = http(port, "GET", "/v1/stats", headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+    assert status == 200, data[:300]
+    return json.loads(data)
