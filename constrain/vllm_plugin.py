@@ -179,6 +179,7 @@ class ConstrainLogitsProcessor(*_BASES):
         self._host_rows: list[np.ndarray] = []
         self._table: Any = None
         self._n_synced = 0
+        self._plans: Any = None  # CPU logits: a kernels.cpu_mask.PlanCache by table row
 
     # ---- both interfaces
 
@@ -387,6 +388,15 @@ class ConstrainLogitsProcessor(*_BASES):
                 self._host_rows.append(np.ascontiguousarray(mask, dtype=np.int32))
                 self._slot_of[key] = slot
             slots.append(slot)
+        if logits.device.type == "cpu":  # no device table: each distinct mask is planned once, applied in place
+            from kernels.cpu_mask import PlanCache, apply_planned
+
+            if self._plans is None:
+                self._plans = PlanCache()
+            vocab_size = logits.shape[1]
+            apply_planned(logits, [None if s == UNCONSTRAINED else self._plans.get(s, self._host_rows[s], vocab_size)
+                                   for s in slots])
+            return
         table = self._sync_table(logits.device)
         row_ids = torch.tensor(slots, dtype=torch.int32).to(logits.device, non_blocking=True)
         apply_token_mask(logits, table, row_ids)
@@ -396,6 +406,8 @@ class ConstrainLogitsProcessor(*_BASES):
         self._host_rows.clear()
         self._keep = {id(s.index): s.index for s in self._requests.values() if s.index is not None}
         self._table, self._n_synced = None, 0
+        if self._plans is not None:
+            self._plans.clear()  # plans are keyed by table row, which restart from 0
 
     def _sync_table(self, device: Any) -> Any:
         """The device table with every host row; only rows added since the last step are copied."""

@@ -1,7 +1,8 @@
 """Mask kernels: packed int32 token masks applied to logits in place, on the logits' device (torch and Triton).
 
-`apply_token_mask` picks the Triton kernel for CUDA tensors when Triton imports, else the torch reference compiled
-into one fused loop; all have the same semantics bit for bit (see `kernels.torch_ref.apply_token_mask`).
+`apply_token_mask` picks the Triton kernel for CUDA tensors when Triton imports (else the torch reference compiled into
+one fused loop), and `kernels.cpu_mask` for CPU tensors; all have the same semantics bit for bit (see
+`kernels.torch_ref.apply_token_mask`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import warnings
 
 import torch
 
-from kernels import torch_ref
+from kernels import cpu_mask, torch_ref
 from kernels.torch_ref import UNCONSTRAINED
 
 __all__ = ["UNCONSTRAINED", "apply_token_mask"]
@@ -34,7 +35,7 @@ def _triton():
 
 
 def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, compiled torch elsewhere).
+    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, `kernels.cpu_mask` on CPU).
 
     Args:
         logits: float32/float16/bfloat16 [rows, V], any strides.
@@ -54,6 +55,9 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
     Raises:
         ValueError: shapes, dtypes or devices outside this contract.
     """
+    if logits.device.type == "cpu":
+        cpu_mask.apply_token_mask(logits, mask_table, row_ids)
+        return
     if logits.is_cuda:
         fn = _triton()
         if fn is not None:
