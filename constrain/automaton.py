@@ -6,6 +6,7 @@ Out: an immutable, trimmed, minimised `Dfa` whose alphabet is partitioned into s
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
 import time
@@ -1030,10 +1031,38 @@ def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = N
     Raises:
         BudgetExceeded: an intermediate automaton passed `max_states` or the deadline passed.
     """
+    _pause_gc()
     try:
         return _compile(expr, _Budget(max_states, deadline, pointer), _Memo())
     except RecursionError as err:
         raise BudgetExceeded("automaton expression nested too deeply to compile", pointer=pointer) from err
+    finally:
+        _resume_gc()
+
+
+# Compiling allocates many small acyclic containers (NFA edge lists, state sets); the cyclic collector's passes over
+# them can free nothing and cost 20-30 % of a compile (required_50: 85 -> 60 ms CPU). So it is paused while any
+# thread compiles, bounded by the compile deadline, and restored as it was when the last one finishes.
+_gc_lock = threading.Lock()
+_gc_users = 0
+_gc_was_enabled = False
+
+
+def _pause_gc() -> None:
+    global _gc_users, _gc_was_enabled
+    with _gc_lock:
+        if _gc_users == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_users += 1
+
+
+def _resume_gc() -> None:
+    global _gc_users
+    with _gc_lock:
+        _gc_users -= 1
+        if _gc_users == 0 and _gc_was_enabled:
+            gc.enable()
 
 
 def shortest_distances(dfa: Dfa) -> np.ndarray:

@@ -158,3 +158,20 @@ def test_deadline_is_enforced():
     with pytest.raises(fa.BudgetExceeded) as info:
         fa.compile(expr, deadline=time.monotonic() - 1.0, pointer="/x")
     assert info.value.pointer == "/x"
+
+
+def test_compile_leaves_the_garbage_collector_as_it_was():
+    import gc
+
+    assert gc.isenabled()
+    fa.compile(_two_lists(3))
+    assert gc.isenabled()
+    with pytest.raises(fa.BudgetExceeded):
+        fa.compile(fa.repeat(fa.chars([(0, 0x10FFFF)]), 0, 5000), max_states=1000)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fa.compile(_two_lists(4))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
