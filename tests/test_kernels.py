@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import torch_ref
+from kernels import cpu_mask, torch_ref
 
 if not torch.cuda.is_available():
     # Triton's interpreter runs the kernel on CPU tensors; it is read when the kernel is first launched.
@@ -148,6 +148,86 @@ def test_triton_matches_reference_on_views(device, layout):
         torch_ref.apply_token_mask(want, table, row_ids)
         apply(logits, table, row_ids)
         assert torch.equal(bits(logits), bits(want)), dtype
+
+
+# ---- CPU path: sparse rows by ids, dense rows by the compiled pass (planned per call or cached)
+
+
+def density_table(n_words: int, vocab: int, seed: int) -> torch.Tensor:
+    """Rows of every density the CPU path tells apart: none, one, a few, all but one, all but a few, half, all."""
+    g = np.random.default_rng(seed)
+    width = min(vocab, 32 * n_words)
+    allowed = np.zeros((8, 32 * n_words), dtype=bool)
+    allowed[1, g.integers(0, width)] = True
+    allowed[2, g.choice(width, size=min(width, 40), replace=False)] = True
+    allowed[3, :width] = True
+    allowed[3, g.integers(0, width)] = False
+    allowed[4, :width] = True
+    allowed[4, g.choice(width, size=min(width, 40), replace=False)] = False
+    allowed[5, :width] = g.random(width) < 0.5
+    allowed[6, :] = True  # bits past the logits' width set too: they must not matter
+    allowed[7, :] = g.random(32 * n_words) < 0.5
+    return torch.from_numpy(np.packbits(allowed, axis=1, bitorder="little").view("<i4").astype(np.int32))
+
+
+CPU_CASES = [(1, 1), (33, 2), (70, 3), (100, 2), (4099, 129), (4099, 128), (128256, 4008), (128320, 4009),
+             (151936, 4748), (262144, 8192)]
+
+
+@pytest.mark.parametrize("vocab,n_words", CPU_CASES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_cpu_path_matches_reference(vocab, n_words, rows):
+    table = density_table(n_words, vocab, seed=vocab + rows)
+    g = torch.Generator().manual_seed(vocab * rows)
+    cache = cpu_mask.PlanCache(max_entries=3)  # smaller than the table: plans are evicted and rebuilt
+    for dtype in DTYPES:
+        for layout in ["contiguous", "strided", "transposed"]:
+            logits, _, _ = random_case(rows, vocab, n_words, 1, dtype, "cpu", seed=rows + vocab, layout=layout)
+            row_ids = torch.randint(-1, table.shape[0], (rows,), generator=g, dtype=torch.int32)
+            want = logits.clone()
+            torch_ref.apply_token_mask(want, table, row_ids)
+            got = logits.clone()
+            kernels.apply_token_mask(got, table, row_ids)
+            assert torch.equal(bits(got), bits(want)), (dtype, layout, "per call")
+            got = logits.clone()
+            plans = [None if i < 0 else cache.get(i, table[i].numpy(), vocab) for i in row_ids.tolist()]
+            cpu_mask.apply_planned(got, plans)
+            assert torch.equal(bits(got), bits(want)), (dtype, layout, "cached plans")
+
+
+def test_cpu_plans_cover_every_kind():
+    vocab, n_words = 128320, 4009
+    table = density_table(n_words, vocab, seed=0).numpy()
+    thorough = [cpu_mask.plan_row(row, vocab).kind for row in table]
+    assert thorough == ["allowed", "allowed", "allowed", "blocked", "blocked", "dense", "blocked", "dense"]
+    quick = [cpu_mask.plan_row(row, vocab, thorough=False).kind for row in table]
+    assert quick[:2] == ["allowed", "allowed"] and quick[3] == "blocked" and quick[5] == "dense"
+
+
+def test_cpu_path_keeps_nan_and_inf_where_allowed():
+    for dtype in DTYPES:
+        logits = torch.tensor([[float("nan"), float("inf"), -1.0, 2.0, float("inf"), float("nan")]], dtype=dtype)
+        table = torch.tensor([[0b000011], [0b111100]], dtype=torch.int32)
+        for row, allowed in ((0, [0, 1]), (1, [2, 3, 4, 5])):
+            got = logits.clone()
+            kernels.apply_token_mask(got, table, torch.tensor([row], dtype=torch.int32))
+            want = logits.clone()
+            want[0, [t for t in range(6) if t not in allowed]] = float("-inf")
+            assert torch.equal(bits(got), bits(want)), (dtype, row)
+
+
+def test_cpu_path_bad_inputs_raise():
+    logits, table = torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32)
+    for ids in ([0, 3], [-2, 0]):
+        with pytest.raises(ValueError):
+            kernels.apply_token_mask(logits, table, torch.tensor(ids, dtype=torch.int32))
+    plan = cpu_mask.plan_row(table[0].numpy(), 64)
+    with pytest.raises(ValueError):
+        cpu_mask.apply_planned(torch.zeros(2, 65), [plan, plan])  # planned for another width
+    with pytest.raises(ValueError):
+        cpu_mask.apply_planned(logits, [plan])  # one plan for two rows
+    with pytest.raises(ValueError):
+        cpu_mask.apply_planned(logits.double(), [plan, plan])
 
 
 # ---- real index tables: padding ids and EOS
