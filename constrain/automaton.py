@@ -396,28 +396,6 @@ class _Budget:
             raise BudgetExceeded("automaton compilation exceeded its time budget", pointer=self.pointer)
 
 
-def _collect_specials(expr: Expr, out: set[int], seen: set[int]) -> None:
-    if id(expr) in seen:
-        return
-    seen.add(id(expr))
-    if isinstance(expr, _Special):
-        out.add(expr.symbol_id)
-    elif isinstance(expr, Dfa):
-        out.update(expr.specials)
-    elif isinstance(expr, (_Concat, _Union)):
-        for part in expr.parts:
-            _collect_specials(part, out, seen)
-    elif isinstance(expr, _Repeat):
-        _collect_specials(expr.body, out, seen)
-    elif isinstance(expr, _Substitute):
-        _collect_specials(expr.body, out, seen)
-        for _, sub in expr.mapping:
-            _collect_specials(sub, out, seen)
-    elif isinstance(expr, (_Intersect, _Difference)):
-        _collect_specials(expr.a, out, seen)
-        _collect_specials(expr.b, out, seen)
-
-
 class _Nfa:
     """Thompson NFA; edges carry symbol masks (Python ints over the global alphabet)."""
 
@@ -903,44 +881,66 @@ class _Memo:
 
     def __init__(self) -> None:
         self.dfas: dict[Expr, Dfa] = {}
-        self.keys: dict[int, tuple[Expr, bytes]] = {}
+        self.keys: dict[int, tuple[Expr, bytes, frozenset[int]]] = {}
 
 
-def _structural_key(expr: Expr, keys: dict[int, tuple[Expr, bytes]]) -> bytes:
-    """A digest of the language's expression tree: equal for two separately built, structurally equal expressions."""
+_NO_SPECIALS: frozenset[int] = frozenset()
+
+
+def _describe(expr: Expr, keys: dict[int, tuple[Expr, bytes, frozenset[int]]]) -> tuple[bytes, frozenset[int]]:
+    """`(structural key, special ids used)`: the key is a digest of the expression tree, equal for two separately
+    built, structurally equal expressions. Memoised by identity in `keys` (which keeps the objects alive)."""
     hit = keys.get(id(expr))
     if hit is not None:
-        return hit[1]
+        return hit[1], hit[2]
     h = hashlib.blake2b(digest_size=20)
+    specials = _NO_SPECIALS
+    children: tuple[Expr, ...] = ()
     if isinstance(expr, Dfa):
         h.update(b"D" + expr.digest.encode())
+        specials = frozenset(expr.specials) if expr.specials else _NO_SPECIALS
     elif isinstance(expr, _Bytes):
         h.update(b"B" + expr.mask.to_bytes(32, "little"))
     elif isinstance(expr, _Special):
         h.update(b"S%d" % expr.symbol_id)
+        specials = frozenset((expr.symbol_id,))
     elif isinstance(expr, (_Concat, _Union)):
         h.update(b"C%d" % len(expr.parts) if isinstance(expr, _Concat) else b"U%d" % len(expr.parts))
         for part in expr.parts:
             # a byte set inline (literal text is long runs of them); tagged records keep the stream unambiguous
-            h.update(b"b" + part.mask.to_bytes(32, "little") if isinstance(part, _Bytes) else b"k" + _structural_key(part, keys))
+            if isinstance(part, _Bytes):
+                h.update(b"b" + part.mask.to_bytes(32, "little"))
+            else:
+                key, sub = _describe(part, keys)
+                h.update(b"k" + key)
+                if sub:
+                    specials = specials | sub
     elif isinstance(expr, _Repeat):
         h.update(b"R%d,%d" % (expr.lo, -1 if expr.hi is None else expr.hi))
-        h.update(_structural_key(expr.body, keys))
+        children = (expr.body,)
     elif isinstance(expr, (_Intersect, _Difference)):
         h.update(b"I" if isinstance(expr, _Intersect) else b"M")
-        h.update(_structural_key(expr.a, keys))
-        h.update(_structural_key(expr.b, keys))
+        children = (expr.a, expr.b)
     elif isinstance(expr, _Substitute):
         h.update(b"T%d" % len(expr.mapping))
-        h.update(_structural_key(expr.body, keys))
-        for byte, sub in expr.mapping:
+        key, specials = _describe(expr.body, keys)
+        h.update(key)
+        for byte, sub_expr in expr.mapping:
             h.update(b"%d" % byte)
-            h.update(_structural_key(sub, keys))
+            key, sub = _describe(sub_expr, keys)
+            h.update(key)
+            if sub:
+                specials = specials | sub
     else:
         raise TypeError(f"not an automaton expression: {expr!r}")
+    for child in children:
+        key, sub = _describe(child, keys)
+        h.update(key)
+        if sub:
+            specials = specials | sub
     key = h.digest()
-    keys[id(expr)] = (expr, key)
-    return key
+    keys[id(expr)] = (expr, key, specials)
+    return key, specials
 
 
 # Process-wide LRU of compiled DFAs by structural key, bounded by their array bytes. Schemas repeat sub-languages
@@ -991,7 +991,7 @@ def _compile(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     hit = memo.dfas.get(expr)
     if hit is not None:
         return hit
-    key = _structural_key(expr, memo.keys)
+    key, specials = _describe(expr, memo.keys)
     shared = _shared_get(key)
     if shared is not None:
         dfa, peak = shared
@@ -1004,9 +1004,7 @@ def _compile(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 b = _compile(expr.b, budget, memo)
                 dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=budget)
             else:
-                found: set[int] = set()
-                _collect_specials(expr, found, set())
-                nfa = _Nfa(tuple(sorted(found)), budget, memo)
+                nfa = _Nfa(tuple(sorted(specials)), budget, memo)
                 start, final = nfa.node(), nfa.node()
                 nfa.build(expr, start, final)
                 dfa = _determinise(nfa, start, final, budget)
