@@ -78,12 +78,11 @@ def _serve(args: argparse.Namespace) -> int:
              "constrained" if engine.constrained else "free (validated after generation)", args.max_queue,
              args.timeout)
     log.info("listening on http://%s:%d/v1", args.host, args.port)
-    # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish for up to --shutdown-timeout s, then
-    # cancels the rest (a cancelled stream's generation is cancelled with it)
+    # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish for up to --shutdown-timeout s, cancels
+    # the rest (a cancelled stream's generation is cancelled with it), then re-raises the signal: the process ends by it
     uvicorn.run(create_app(engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES),
                 host=args.host, port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=args.shutdown_timeout)
-    log.info("shut down")
     engine.close()
     return 0
 

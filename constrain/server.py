@@ -176,19 +176,25 @@ def create_app(engine: Engine, *, api_key: str | None = None,
 
 
 async def _next(events: asyncio.Queue, job: Any, request: Request, *, skip_tokens: bool) -> tuple[str, Any]:
-    """The job's next event (tokens skipped when asked), cancelling the job when the client disconnects."""
+    """The job's next event (tokens skipped when asked), cancelling the job when the client disconnects.
+
+    The client is checked every `_POLL_S` whether or not events arrive: tokens stream in faster than that, so a check
+    only on a quiet queue would never run while a non-streamed request generates."""
+    checked = time.monotonic()
     while True:
         try:
             kind, value = await asyncio.wait_for(events.get(), _POLL_S)
         except asyncio.TimeoutError:
+            kind, value = None, None
+        if kind is None or time.monotonic() - checked >= _POLL_S:
+            checked = time.monotonic()
             if await request.is_disconnected():
                 job.cancel()
                 return "done", None
             if time.monotonic() > job.deadline + 30:  # the worker is stuck past the request's own timeout
                 job.cancel()
                 return "error", RequestTimeout("the request ran past the server's timeout")
-            continue
-        if kind == "token" and skip_tokens:
+        if kind is None or (kind == "token" and skip_tokens):
             continue
         return kind, value
 
