@@ -3,6 +3,8 @@
 Same model (tiny seeded Llama on the Llama 3 tokenizer, logits 128256 wide), same prompts, greedy decoding, the same
 JSON Schema for both grammar engines. Constrained runs may stop early at EOS, so the figure is time per generated step
 (median of repeats) and the overhead ratio is per step. Every constrained output is checked against a fresh cursor.
+Contenders take turns within each repeat (a load change on a shared machine hits all of them alike), a fresh
+processor per `generate` call as a server makes one per request; the load average is printed and kept in the JSON.
 
 Usage: python benchmarks/bench_e2e.py [--quick] [--threads N] [--json PATH]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import statistics
 import sys
@@ -83,16 +86,17 @@ def main(argv: list[str] | None = None) -> int:
                   padding=True)
         plen = enc.input_ids.shape[1]
         entry = {"batch": batch, "max_new_tokens": max_new, "ms_per_step": {}, "steps": {}}
-        for name, make in contenders.items():
-            samples, steps = [], 0
-            for rep in range(repeats + 1):  # the first run warms up (compiles the kernel, fills index rows)
+        samples: dict[str, list[float]] = {name: [] for name in contenders}
+        for rep in range(repeats + 1):  # the first run warms up (compiles the kernel, fills index rows)
+            for name, make in contenders.items():
                 procs = [] if make is None else [make(plen, max_new)]
                 t0 = time.perf_counter()
                 out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, logits_processor=procs)
                 dt = time.perf_counter() - t0
                 steps = out.shape[1] - plen
+                entry["steps"][name] = steps
                 if rep:
-                    samples.append(dt / steps)
+                    samples[name].append(dt / steps)
                 if make is not None:
                     for r in range(batch):
                         cursor = index.start()
@@ -102,17 +106,24 @@ def main(argv: list[str] | None = None) -> int:
                                 break
                         if name == "constrain" and not cursor.is_accepting():
                             raise SystemExit(f"constrain output of row {r} is incomplete under the budget")
-            entry["ms_per_step"][name] = statistics.median(samples) * 1e3
-            entry["steps"][name] = steps
+        entry["paired_ratio"] = {}
+        for name in contenders:
+            entry["ms_per_step"][name] = statistics.median(samples[name]) * 1e3
+            # The median of per-repeat ratios: each pairs runs made seconds apart, under about the same load.
+            entry["paired_ratio"][name] = statistics.median(
+                a / b for a, b in zip(samples[name], samples["unconstrained"], strict=True))
         results.append(entry)
-    print(f"end to end, tiny Llama (128320 logits), greedy, {torch.get_num_threads()} threads, median of {repeats}")
+    load = os.getloadavg()
+    print(f"end to end, tiny Llama (128320 logits), greedy, {torch.get_num_threads()} threads, median of {repeats}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
     names = list(contenders)
-    print("| batch | unconstrained ms/step | " + " | ".join(f"{n} ms/step (x)" for n in names[1:]) + " |")
+    print("| batch | unconstrained ms/step | " + " | ".join(f"{n} ms/step (x of medians; median of paired x)"
+                                                        for n in names[1:]) + " |")
     print("|---|---|" + "---|" * (len(names) - 1))
     for e in results:
         base = e["ms_per_step"]["unconstrained"]
-        cells = [f"{e['ms_per_step'][n]:.3f} ({e['ms_per_step'][n] / base:.2f}x, {e['steps'][n]} steps)"
-                 for n in names[1:]]
+        cells = [f"{e['ms_per_step'][n]:.3f} ({e['ms_per_step'][n] / base:.2f}x; paired {e['paired_ratio'][n]:.2f}x; "
+                 f"{e['steps'][n]} steps)" for n in names[1:]]
         print(f"| {e['batch']} | {base:.3f} ({e['steps']['unconstrained']} steps) | " + " | ".join(cells) + " |")
 
     def ver(name: str) -> str | None:
@@ -122,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
 
     env = {"python": platform.python_version(), "platform": platform.platform(), "threads": torch.get_num_threads(),
+           "cpus": os.cpu_count(), "load_average": load,
            "versions": {p: ver(p) for p in ("torch", "transformers", "xgrammar")}}
     out = args.json or ROOT / "benchmarks" / "results" / f"bench_e2e{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
