@@ -550,6 +550,8 @@ class _Compiler:
             if key in ("_patterns", "_formats", "_absent"):
                 out[key] = [*out.get(key, []), *bv]
                 continue
+            if key == "_sides":
+                continue  # combined after the loop
             if key not in APPLIED and key not in UNSUPPORTED:  # unknown keywords are annotations
                 out.setdefault(key, bv)
                 continue
@@ -608,14 +610,18 @@ class _Compiler:
                 raise UnsupportedSchema(f"cannot merge two different '{key}' values in allOf", pointer=where)
         if "properties" in a and "properties" in b or "additionalProperties" in a or "additionalProperties" in b:
             self._merge_closed_objects(a, b, out)
-        if ("patternProperties" in a or "patternProperties" in b) and any(
+        if "_sides" in a or "_sides" in b or ("patternProperties" in a or "patternProperties" in b) and any(
             side.get("additionalProperties", True) is not True for side in (a, b)
         ):
-            # which keys one side's additionalProperties governs depends on that side's patterns alone
-            raise UnsupportedSchema(
-                "cannot merge 'patternProperties' with another part's 'additionalProperties' in allOf",
-                pointer=join_pointer(pb, "patternProperties" if "patternProperties" in b else "additionalProperties"),
-            )
+            # which keys a part's additionalProperties governs depends on that part's own properties and patterns:
+            # keep each part's three keywords apart (`object` conjoins them key by key)
+            object_keys = ("properties", "patternProperties", "additionalProperties")
+            out["_sides"] = [
+                s for side in (a, b)
+                for s in (side["_sides"] if "_sides" in side else [{k: side[k] for k in object_keys if k in side}])
+            ]
+            for k in object_keys:
+                out.pop(k, None)
         return out
 
     @staticmethod
@@ -657,7 +663,7 @@ class _Compiler:
 
     def _value(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
         for key in schema:
-            if key in APPLIED or key in ("_patterns", "_formats", "_absent"):
+            if key in APPLIED or key in ("_patterns", "_formats", "_absent", "_sides"):
                 continue
             if key in ANNOTATIONS:
                 continue
@@ -698,7 +704,7 @@ class _Compiler:
             ranked = self.ranked([self.root, schema])
             rest = {k: v for k, v in schema.items() if k != "not"}
             negative = ranked.complement(schema["not"], join_pointer(pointer, "not"), refs)
-            if all(k in ANNOTATIONS or k not in APPLIED and k not in ("_patterns", "_formats", "_absent") for k in rest):
+            if all(k in ANNOTATIONS or k not in APPLIED and k not in ("_patterns", "_formats", "_absent", "_sides") for k in rest):
                 return negative
             return fa.intersect(ranked._value(rest, pointer, refs), negative)
         types = self.types(schema, pointer)
@@ -1103,15 +1109,19 @@ class _Compiler:
     # -- objects -------------------------------------------------------------------------
 
     def object(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
-        props = schema.get("properties", {})
-        if not isinstance(props, dict):
-            raise InvalidSchema("'properties' must be an object", pointer=join_pointer(pointer, "properties"))
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise InvalidSchema("'required' must be an array of strings", pointer=join_pointer(pointer, "required"))
-        # closed_objects: an object that declares its properties takes only those; a bare {"type": "object"} stays open
-        closed = self.opts.closed_objects and "properties" in schema
-        extra = schema.get("additionalProperties", False if closed else True)
+        # Each side (one, or one per allOf part that `merge` could not fold) governs every key: its `properties`
+        # entry and matching patterns, else its additionalProperties. closed_objects: a side that declares its
+        # properties takes only those; a bare {"type": "object"} stays open.
+        sides = []
+        for side in schema.get("_sides") or [schema]:
+            props = side.get("properties", {})
+            if not isinstance(props, dict):
+                raise InvalidSchema("'properties' must be an object", pointer=join_pointer(pointer, "properties"))
+            closed = self.opts.closed_objects and "properties" in side
+            sides.append((props, self.pattern_properties(side, pointer), side.get("additionalProperties", False if closed else True)))
         names_schema = schema.get("propertyNames", True)
         min_p = int(schema.get("minProperties", 0))
         max_p = schema.get("maxProperties")
@@ -1121,74 +1131,80 @@ class _Compiler:
             names_expr = self.property_names(names_schema, join_pointer(pointer, "propertyNames"))
             names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
         absent = set(schema.get("_absent", ()))
-        patterns = self.pattern_properties(schema, pointer)
         syntax = self.syntax
         inner = self.nested(syntax.child())
         extra_pointer = join_pointer(pointer, "additionalProperties")
 
-        def undeclared(name: str) -> fa.Expr:
-            """The values of a property `properties` does not name: its patterns' schemas, else additionalProperties."""
-            matching = [(sub, where) for dfa, sub, where in patterns if dfa.matches(name.encode())]
-            if not matching:
-                return fa.NOTHING if extra is False else inner.value(extra, extra_pointer, refs)
-            if len(matching) == 1:
-                return inner.value(matching[0][0], matching[0][1], refs)
-            return inner.value({"allOf": [sub for sub, _ in matching]}, matching[0][1], refs)
+        def conjunction(parts: list[tuple[Any, str]]) -> fa.Expr:
+            parts = [(sub, where) for sub, where in parts if sub is not True and sub != {}]
+            if any(sub is False for sub, _ in parts):
+                return fa.NOTHING
+            if not parts:
+                return inner.value(True, pointer, refs)
+            if len(parts) == 1:
+                return inner.value(parts[0][0], parts[0][1], refs)
+            return inner.value({"allOf": [sub for sub, _ in parts]}, parts[0][1], refs)
 
-        def allowed(name: str) -> bool:
-            return name not in absent and (names_dfa is None or names_dfa.matches(name.encode()))
+        def key_value(name: str) -> fa.Expr:
+            """The values of property `name`: on every side, its declared schema and matching patterns, else extra."""
+            if name in absent or (names_dfa is not None and not names_dfa.matches(name.encode())):
+                return fa.NOTHING
+            parts: list[tuple[Any, str]] = []
+            for props, patterns, extra in sides:
+                matching = [(sub, where) for dfa, sub, where in patterns if dfa.matches(name.encode())]
+                if name in props:
+                    parts += [(props[name], join_pointer(pointer, "properties", name)), *matching]
+                elif matching:
+                    parts += matching
+                else:
+                    parts.append((extra, extra_pointer))
+            return conjunction(parts)
 
-        slots: list[tuple[str, fa.Expr, bool]] = []
-        for name, sub in props.items():
-            where = join_pointer(pointer, "properties", name)
-            matching = [s for dfa, s, _ in patterns if dfa.matches(name.encode())]
-            value = inner.value({"allOf": [sub, *matching]} if matching else sub, where, refs)
-            slots.append((name, value if allowed(name) else fa.NOTHING, name in required))
-        declared = set(props)
-        for name in required:  # required properties that are not declared: patterns, else additionalProperties
-            if name not in declared:
-                slots.append((name, undeclared(name) if allowed(name) else fa.NOTHING, True))
-                declared.add(name)
+        declared = list(dict.fromkeys(name for props, _, _ in sides for name in props))
+        slots = [(name, key_value(name), name in required) for name in declared]
+        slots += [(name, key_value(name), True) for name in dict.fromkeys(required) if name not in declared]
         for name, value, is_required in slots:
             if is_required and value == fa.NOTHING:
                 return fa.NOTHING
+        named = {name for name, _, _ in slots} | absent
         slots = [s for s in slots if s[1] != fa.NOTHING]
-        declared |= absent
         rank = self.key_rank
         if rank is not None:
             # a ranked name this object does not declare may still come as an extra property: give it its slot
             for name in rank:
-                if name not in declared and allowed(name):
-                    value = undeclared(name)
+                if name not in named:
+                    value = key_value(name)
                     if value != fa.NOTHING:
                         slots.append((name, value, False))
-            declared |= set(rank)
+            named |= set(rank)
         if syntax.sort_keys:
             slots.sort(key=lambda slot: slot[0].lower())
         elif rank is not None:
             slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
-        key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in declared))) if declared else ANY_TEXT
+        key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in named))) if named else ANY_TEXT
         if names_expr is not None:
             key_text = fa.intersect(key_text, names_expr)
-        # extra keys, partitioned by which patterns they match: each part takes the allOf of its patterns' schemas
-        regions: list[tuple[fa.Expr, list[int]]] = [(key_text, [])]
-        for i, (dfa, _, _) in enumerate(patterns):
+        # other keys, partitioned by which patterns (of any side) they match
+        all_patterns = [(dfa, side) for side, (_, patterns, _) in enumerate(sides) for dfa, _, _ in patterns]
+        regions: list[tuple[fa.Expr, frozenset[int]]] = [(key_text, frozenset())]
+        for i, (dfa, _) in enumerate(all_patterns):
             split = []
             for keys, matched in regions:
-                for part, now in ((fa.intersect(keys, dfa), [*matched, i]), (fa.difference(keys, dfa), matched)):
+                for part, now in ((fa.intersect(keys, dfa), matched | {i}), (fa.difference(keys, dfa), matched)):
                     part = fa.compile(part, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
                     if not part.is_empty:
                         split.append((part, now))
             regions = split
         extra_members = []
         for keys, matched in regions:
-            if not matched:
-                value = fa.NOTHING if extra is False else inner.value(extra, extra_pointer, refs)
-            elif len(matched) == 1:
-                value = inner.value(patterns[matched[0]][1], patterns[matched[0]][2], refs)
-            else:
-                value = inner.value({"allOf": [patterns[i][1] for i in matched]}, patterns[matched[0]][2], refs)
+            parts: list[tuple[Any, str]] = []
+            i = 0
+            for _, patterns, extra in sides:
+                mine = [(sub, where) for k, (_, sub, where) in enumerate(patterns, start=i) if k in matched]
+                i += len(patterns)
+                parts += mine if mine else [(extra, extra_pointer)]
+            value = conjunction(parts)
             if value != fa.NOTHING:
                 extra_members.append(syntax.member(syntax.extra_key(keys), value))
         extra_member = fa.union(*extra_members) if extra_members else None

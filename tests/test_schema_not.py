@@ -245,3 +245,17 @@ def test_universe_has_no_repeated_key():
     dfa = compile_schema({"not": {"type": "string"}}).dfa
     assert not dfa.matches(b'{"a":1,"a":2}')
     assert fa.compile(dfa).matches(b'{"a":1}')
+
+
+SIDES = [
+    {"allOf": [{"patternProperties": {"^a": {"type": "integer"}}}, {"properties": {"b": {}}, "additionalProperties": False}]},
+    {"allOf": [{"patternProperties": {"^f": {"minimum": 2}}, "additionalProperties": {"type": "string"}},
+               {"patternProperties": {"o$": {"type": "integer"}}, "additionalProperties": {"maxLength": 1}}]},
+    {"allOf": [{"properties": {"foo": {"type": "integer"}}, "patternProperties": {"^a": {"type": "string"}}, "additionalProperties": False},
+               {"additionalProperties": {"not": {"type": "null"}}}]},
+]
+
+
+@pytest.mark.parametrize("schema", SIDES, ids=[json.dumps(c)[:60] for c in SIDES])
+def test_allof_parts_keep_their_own_additional_properties(schema):
+    check_against_oracle(schema, VALUES + [{"a": "x"}, {"a": 1, "b": None}, {"foo": 3}, {"fo": "x"}, {"xo": 1}, {"b": 1, "c": 2}])
