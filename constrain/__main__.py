@@ -71,7 +71,8 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("constrain.serve")
     t0 = time.perf_counter()
     engine = Engine.load(args.model, tool_format=args.tool_format, constrained=args.constrained_tools,
-                         max_queue=args.max_queue, timeout=args.timeout, threads=args.threads)
+                         max_queue=args.max_queue, timeout=args.timeout, threads=args.threads,
+                         compile_timeout=args.compile_timeout)
     log.info("model %s%s loaded in %.1f s: tool format %s, %s tools, queue %d, timeout %g s",
              engine.name, " (DEMO: tiny random weights, output is noise)" if engine.demo else "",
              time.perf_counter() - t0, engine.native_format or "none (text only)",
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request (more: 504)")
     serve.add_argument("--max-body-bytes", type=int, default=None,
                        help="largest request body taken (default 8 MiB; more: 413)")
+    serve.add_argument("--compile-timeout", type=float, default=30.0,
+                       help="seconds a request's tool policy may take to compile (more: 400 budget_exceeded)")
     serve.add_argument("--cache-max-bytes", type=int, default=None,
                        help="bound on the compiled-index cache (default 1 GiB; least recently used evicted first)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,

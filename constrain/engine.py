@@ -25,6 +25,7 @@ __all__ = ["Engine", "Job", "QueueFull", "RequestTimeout"]
 
 log = logging.getLogger("constrain.serve")
 
+DEFAULT_COMPILE_TIMEOUT_S = 30.0  # schema.py's own per-schema budget is 10 s; this bounds the whole policy
 DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens (raised to the shortest valid output when constrained)
 TOOL_FORMATS = ("auto", "hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "mistral_v3", "json")
 
@@ -72,6 +73,7 @@ class Engine:
         constrained: constrain generation with `MaskProcessor` (else generate freely and validate afterwards).
         max_queue: requests that may wait while one generates (more → `QueueFull`).
         timeout: seconds a request may take from submission to its last token (→ `RequestTimeout`).
+        compile_timeout: seconds a request's constraints may take to compile (→ `budget_exceeded` 400).
         demo: the directory is the embedded demo model (labelled so in `/v1/models` and the log).
         threads: torch's intra-op threads (None: 1 for the demo model, whose steps are too small to split, else
             torch's default).
@@ -80,7 +82,8 @@ class Engine:
     """
 
     def __init__(self, model_dir: str | Path, *, tool_format: str = "auto", constrained: bool = False,
-                 max_queue: int = 16, timeout: float = 120.0, demo: bool = False, threads: int | None = None):
+                 max_queue: int = 16, timeout: float = 120.0, demo: bool = False, threads: int | None = None,
+                 compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S):
         import torch
         import transformers
 
@@ -95,6 +98,10 @@ class Engine:
         self.demo = demo
         self.constrained = constrained
         self.timeout = float(timeout)
+        self.compile_timeout = float(compile_timeout)
+        self._lock = threading.Lock()
+        self._compiling = 0
+        self._compiles_abandoned = 0
         self.name = self.model_dir.name
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = transformers.AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
@@ -172,12 +179,14 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The `/v1/stats` figures: the compiled-index cache (entries, estimated bytes and its bound, hits, misses,
-        evictions), the process's resident memory in bytes (None where /proc is absent) and the queue length."""
+        evictions), compilations running and abandoned at the compile budget, the process's resident memory in bytes (None where /proc is absent) and the queue length."""
         from constrain.compiler import DEFAULT_CACHE
 
         cache = DEFAULT_CACHE
         return {"cache": {"entries": len(cache), "bytes": cache.nbytes(), "max_bytes": cache.max_bytes,
                           "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions},
+                "compiles": {"running": self._compiling, "abandoned": self._compiles_abandoned,
+                             "timeout_s": self.compile_timeout},
                 "rss_bytes": _rss_bytes(), "queued": self.queued()}
 
     def prepare(self, body: Any) -> Job:
@@ -263,7 +272,7 @@ class Engine:
     def _serve(self, job: Job) -> None:
         import torch
 
-        from constrain.compiler import DEFAULT_CACHE, compile_index
+        from constrain.compiler import DEFAULT_CACHE
 
         if time.monotonic() > job.deadline:
             raise RequestTimeout(f"the request waited longer than the server's {self.timeout:g} s timeout")
@@ -272,16 +281,15 @@ class Engine:
             return
         hits = DEFAULT_CACHE.hits
         t0 = time.perf_counter()
-        try:
-            index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
-        except RequestError as err:
-            _name_tool(err, job.policy)
-            raise
+        compiled = self._compile(job)
+        if compiled is None:  # the client went away while the policy compiled
+            job.sink(("done", None))
+            return
+        index, need = compiled
         compile_ms = (time.perf_counter() - t0) * 1e3
         cache_hit = DEFAULT_CACHE.hits > hits
         processors = []
         if self.constrained:
-            need = index.min_tokens_from_start()
             if job.max_new_tokens < need:
                 if job.max_tokens_pointer is None:  # the server's default: raise it to what the output needs
                     job.max_new_tokens = need
@@ -331,6 +339,62 @@ class Engine:
         job.sink(("done", {"ids": ids, "finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
                            "completion_tokens": len(ids), "reasoning_tokens": self._reasoning_tokens(job, ids),
                            "seconds": seconds}))
+
+    def _compile(self, job: Job) -> tuple[Any, int] | None:
+        """The job's token index and the fewest tokens a valid reply needs (0 unconstrained), or None when the job
+        was cancelled meanwhile.
+
+        Compilation runs on its own thread so that the request is answered within `compile_timeout` whatever the
+        compiler does: past it, a `budget_exceeded` 400 (the request is refused, never served unconstrained). The
+        compiler cannot be interrupted from outside, so an abandoned compilation runs to its end in the background and
+        its index is cached for a retry; `stats()` counts those.
+
+        Raises:
+            RequestError: the compiler's own refusals (named after their tool), or the compile budget.
+            RequestTimeout: the request's own deadline came first.
+        """
+        from constrain.compiler import compile_index
+        from constrain.errors import UnsupportedSchema
+
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
+                box["result"] = (index, index.min_tokens_from_start() if self.constrained else 0)
+            except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job
+                box["error"] = err
+            finally:
+                done.set()
+                with self._lock:
+                    self._compiling -= 1
+
+        with self._lock:
+            self._compiling += 1
+        threading.Thread(target=run, name="constrain-compile", daemon=True).start()
+        t0 = time.monotonic()
+        limit = min(t0 + self.compile_timeout, job.deadline)
+        while not done.wait(0.05):
+            if job.cancelled.is_set():
+                return None
+            if time.monotonic() > limit:
+                with self._lock:
+                    self._compiles_abandoned += 1
+                if limit == job.deadline:
+                    raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout while its "
+                                         "tool policy compiled")
+                pointer = "/tools" if job.policy.max_calls > 0 and job.policy.mode != "none" else "/response_format"
+                raise UnsupportedSchema(
+                    f"compiling this request's constraints did not finish within the server's {self.compile_timeout:g} s "
+                    "compile budget; simplify the schemas (or retry: the compilation completes in the background and "
+                    "is cached)", pointer=pointer, code="budget_exceeded")
+        if "error" in box:
+            err = box["error"]
+            if isinstance(err, RequestError):
+                _name_tool(err, job.policy)
+            raise err
+        return box["result"]
 
     def _reasoning_tokens(self, job: Job, ids: list[int]) -> int:
         """Tokens of the thinking block: up to and including its closing tag (all of them when it never closed)."""

@@ -166,6 +166,32 @@ def test_exception_in_compilation_is_500_then_next_succeeds(live, monkeypatch):
     assert_serves(port)
 
 
+def test_slow_compilation_is_refused_at_the_compile_budget(live, monkeypatch):
+    import constrain.compiler
+
+    engine, port = live
+    original = constrain.compiler.compile_index
+    release = threading.Event()
+
+    def stuck(*args, **kwargs):  # a compiler that overruns every budget until released
+        release.wait(60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "compile_timeout", 1.0)
+    monkeypatch.setattr(constrain.compiler, "compile_index", stuck)
+    abandoned = engine.stats()["compiles"]["abandoned"]
+    t0 = time.monotonic()
+    status, data = post_chat(port, BODY)
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "budget_exceeded" and err["param"] == "tools", err
+    assert time.monotonic() - t0 < 30  # answered at the budget, not when the compiler finished
+    assert engine.stats()["compiles"]["abandoned"] == abandoned + 1
+    monkeypatch.undo()
+    release.set()
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, what="the abandoned compilation to end")
+    assert_serves(port)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # disconnects and cancellation
 # ---------------------------------------------------------------------------------------------------------------------

@@ -189,3 +189,15 @@ def test_one_megabyte_of_tool_json_compiles(qwen3_vocab):
     assert 0 < need < 64
     allowed = set(index.start().allowed_token_ids().tolist())
     assert allowed and not allowed & set(qwen3_vocab.eos_ids)  # required: the turn cannot end before a call
+
+
+@pytest.mark.slow
+def test_index_build_past_the_compile_budget_is_refused(server):
+    """Ten intersected `.*c.*` patterns: the automaton fits its state budget (~115k states) but the token index's
+    minimum-length table over it takes far longer than the server's 30 s compile budget: refused at the budget."""
+    schema = one({"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]})
+    body = {"messages": USER, "tools": [tool("intersected_patterns", schema)], "tool_choice": "required",
+            "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}}
+    status, data = send(server, "allOf_10_patterns (compile budget)", body)
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "budget_exceeded" and err["param"] == "tools", err
