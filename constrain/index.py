@@ -22,6 +22,12 @@ _DENSE_RATIO = 4
 _BATCH_MAX_FIRST = 32
 _BATCH_STATES = 256
 
+# A lazy miss also fills the rows of the structural states up to _AHEAD_LEVELS tokens after it (breadth-first, at most
+# _AHEAD_STATES, one batched walk per level), so a sequence misses about once every few tokens instead of at every
+# state it has not seen. (bench_engine.py cold replay: most steps of required_50 and parallel_1to5_of_5 were misses.)
+_AHEAD_LEVELS = 2
+_AHEAD_STATES = 32
+
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
@@ -233,11 +239,16 @@ class TokenIndex:
         row = row_of[state]
         if row >= 0:
             return row
-        mask = self._compute_mask(state)
+        if state == self._n_states:
+            return row_of[state]  # the finished pseudo-state's row is made at construction
+        walk = self._walk(state)
+        mask = self._compute_mask(state, walk)
         with self._lock:
             if row_of[state] < 0:
                 row_of[state] = self._insert_row(mask)
-            return row_of[state]
+            row = row_of[state]
+        self._fill_ahead(self._destinations(state, walk))
+        return row
 
     def min_tokens(self, state: int) -> int:
         """The exact fewest tokens of this vocabulary that take DFA state `state` to an accepting state.
@@ -481,17 +492,41 @@ class TokenIndex:
                 self._budget_rows[(state, b)] = row
         return row
 
-    def _batchable_states(self) -> np.ndarray:
-        """The states whose first byte leaves at most `_BATCH_MAX_FIRST` depth-1 trie nodes alive (ascending)."""
-        n = self._n_states
+    def _batchable_states(self, states: np.ndarray | None = None) -> np.ndarray:
+        """Those of `states` (default: all, ascending) whose first byte leaves at most `_BATCH_MAX_FIRST` depth-1 trie
+        nodes alive."""
+        if states is None:
+            states = np.arange(self._n_states)
         if not self._trie.max_depth:
-            return np.arange(n)
+            return states
         first = self._cls_by_depth[0]
-        live = np.empty(n, dtype=np.intp)
-        for lo in range(0, n, 4096):  # bounded temporaries: [4096, 256] gathers
-            states = np.arange(lo, min(n, lo + 4096))
-            live[lo : lo + 4096] = np.count_nonzero(self._tflat[(states * self._n_classes)[:, None] + first] >= 0, axis=1)
-        return np.flatnonzero(live <= _BATCH_MAX_FIRST)
+        keep = np.empty(states.shape[0], dtype=bool)
+        for lo in range(0, states.shape[0], 4096):  # bounded temporaries: [4096, 256] gathers
+            part = states[lo : lo + 4096].astype(np.int64)
+            live = np.count_nonzero(self._tflat[(part * self._n_classes)[:, None] + first] >= 0, axis=1)
+            keep[lo : lo + 4096] = live <= _BATCH_MAX_FIRST
+        return states[keep]
+
+    def _fill_ahead(self, frontier: np.ndarray) -> None:
+        """Fill the missing rows of the structural states in `frontier` and after it (see `_AHEAD_LEVELS`)."""
+        row_of = self._row_of
+        left = _AHEAD_STATES
+        for _ in range(_AHEAD_LEVELS):
+            todo = [s for s in frontier.tolist() if row_of[s] < 0]
+            if not todo:
+                return
+            todo_arr = self._batchable_states(np.asarray(todo, dtype=np.intp))[:left]
+            if not todo_arr.shape[0]:
+                return
+            masks, dests = self._walk_batch(todo_arr)
+            with self._lock:
+                for i, s in enumerate(todo_arr.tolist()):
+                    if row_of[s] < 0:
+                        row_of[s] = self._insert_row(masks[i])
+            left -= todo_arr.shape[0]
+            if left <= 0:
+                return
+            frontier = np.unique(np.concatenate(dests)) if dests else np.zeros(0, np.intp)
 
     def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and
