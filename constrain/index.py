@@ -69,12 +69,14 @@ class TokenIndex:
     the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
 
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
-    use (idempotently) and deduplicated, so equal masks share one row of `mask_table()`.
+    use (idempotently; a state's first use also fills its structural successors up to two tokens ahead) and
+    deduplicated, so equal masks share one row of `mask_table()`.
 
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
         vocab: a `constrain.vocabulary.Vocabulary`.
-        eager: compute every state's row and the `min_tokens` table now (one walk per state) instead of on first use.
+        eager: compute every state's row and the `min_tokens` table now (structural states walked in batches, the
+            others one at a time) instead of on first use.
 
     Raises:
         InternalError: the DFA's shape is inconsistent, or `dfa.specials` names an id that is not a special token of
