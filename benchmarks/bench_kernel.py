@@ -5,8 +5,10 @@ mask table + row ids, the peers get the gathered [rows, n_words] bitmask); resul
 torch reference first, then each is timed in this process (median of repeats, logits masked in place).
 Sweeps V (128256 Llama 3, 151936 Qwen3, 262144 Gemma), rows (1, 8) and mask density (one token, half, all but one).
 
-`constrain` is the dispatching entry point (CPU: the torch.compile'd reference; CUDA: Triton); `constrain_eager` is
-the plain torch reference. Use `--threads 1` on a shared machine: torch's thread pool on busy cores is noisy.
+`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, each row planned afresh per call; CUDA: Triton);
+`constrain_planned` (CPU only) applies row plans cached across calls, as `MaskProcessor` and the vLLM plugin do on
+CPU; `constrain_eager` is the plain torch reference. Rows of one call are distinct table rows. The load average is
+printed and kept in the JSON: on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
 
 Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--json PATH]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import statistics
 import sys
@@ -27,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import apply_token_mask  # noqa: E402
-from kernels import torch_ref  # noqa: E402
+from kernels import cpu_mask, torch_ref  # noqa: E402
 
 VOCABS = {"llama3": 128256, "qwen3": 151936, "gemma4": 262144}
 DENSITIES = ("one", "half", "all_but_one")
@@ -54,8 +57,19 @@ def make_table(vocab: int, density: str, device: torch.device, n_rows: int = 16)
 
 def contenders(device: torch.device) -> dict:
     """name -> callable(logits, table, row_ids, bitmask); the peers only where installed."""
-    out = {"constrain": lambda lg, tb, ids, bm: apply_token_mask(lg, tb, ids),
-           "constrain_eager": lambda lg, tb, ids, bm: torch_ref.apply_token_mask(lg, tb, ids)}
+    out = {"constrain": lambda lg, tb, ids, bm: apply_token_mask(lg, tb, ids)}
+    if device.type == "cpu":
+        cache, current = cpu_mask.PlanCache(), []  # plans by table row, for the table of the current case
+
+        def planned(lg, tb, ids, bm):
+            if not current or current[0] is not tb:
+                cache.clear()
+                current[:] = [tb]
+            plans = [None if i < 0 else cache.get(i, tb[i].numpy(), lg.shape[1]) for i in ids.tolist()]
+            cpu_mask.apply_planned(lg, plans)
+
+        out["constrain_planned"] = planned
+    out["constrain_eager"] = lambda lg, tb, ids, bm: torch_ref.apply_token_mask(lg, tb, ids)
     try:
         import xgrammar
 
@@ -96,7 +110,7 @@ def env_info(device: torch.device) -> dict:
     return {
         "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
         "versions": {p: ver(p) for p in ("torch", "triton", "xgrammar", "llguidance")},
     }
 
@@ -121,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             table = make_table(vocab, density, device)
             for rows in (1, 8):
                 g = torch.Generator().manual_seed(rows)
-                row_ids = torch.randint(0, table.shape[0], (rows,), generator=g, dtype=torch.int32).to(device)
+                row_ids = torch.randperm(table.shape[0], generator=g)[:rows].to(torch.int32).to(device)
                 bitmask = table.index_select(0, row_ids).contiguous()
                 base = torch.randn(rows, vocab, generator=g).to(device)
                 want = base.clone()
@@ -136,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     entry["seconds"][name] = timed(lambda: fn(logits, table, row_ids, bitmask), repeats, device)
                 results.append(entry)
     names = list(fns)
-    print(f"mask kernel, {device}, {torch.get_num_threads()} threads, median of {repeats}; "
+    load = os.getloadavg()
+    print(f"mask kernel, {device}, {torch.get_num_threads()} threads, median of {repeats}; load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
           "baseline constrain (us), others as x of it (>1 = slower than constrain)")
     print("| vocab | density | rows | constrain us | " + " | ".join(n for n in names[1:]) + " |")
     print("|---|---|---|---|" + "---|" * (len(names) - 1))

@@ -174,6 +174,30 @@ def test_state_advances_to_a_whole_call(runner_factory, llama3_vocab):
         assert len(message["tool_calls"]) == 1, message
 
 
+def test_table_reset_keeps_masks_exact(runner_factory, llama3_vocab, monkeypatch):
+    # A tiny table limit rebuilds the table (and drops the CPU plans keyed by its rows) every step or two.
+    monkeypatch.setattr("constrain.vllm_plugin.MAX_TABLE_ROWS", 3)
+    run = runner_factory()
+    sps = {0: request(), 2: request(tools=(WEATHER, TIME))}
+    cursors = {}
+    for slot, sp in sps.items():
+        run.add(slot, sp)
+        cursors[slot] = index_of(sp, llama3_vocab).start()
+    live = list(sps)
+    for step in range(64):
+        live = [s for s in live if not cursors[s].is_finished()]
+        if not live:
+            break
+        _, masked = run.apply(live, seed=step)
+        for row, slot in enumerate(live):
+            budget = max(64 - int(run.total_len[slot] - run.prompt_len[slot]) - 1, 0)
+            np.testing.assert_array_equal(allowed(masked[row]), expected(cursors[slot], budget))
+            tok = int(masked[row].argmax())
+            run.commit(slot, tok)
+            cursors[slot].advance(tok, budget)
+    assert not live
+
+
 def test_slot_reuse_reinitialises(runner_factory, llama3_vocab):
     run = runner_factory()
     run.add(0, request())
