@@ -179,7 +179,8 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The `/v1/stats` figures: the compiled-index cache (entries, estimated bytes and its bound, hits, misses,
-        evictions), compilations running and abandoned at the compile budget, the process's resident memory in bytes (None where /proc is absent) and the queue length."""
+        evictions), compilations running and abandoned at the compile budget, the process's resident memory in bytes
+        (None where /proc is absent) and the queue length."""
         from constrain.compiler import DEFAULT_CACHE
 
         cache = DEFAULT_CACHE
@@ -384,7 +385,8 @@ class Engine:
                 if limit == job.deadline:
                     raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout while its "
                                          "tool policy compiled")
-                pointer = "/tools" if job.policy.max_calls > 0 and job.policy.mode != "none" else "/response_format"
+                calls = job.policy.max_calls > 0 and job.policy.mode != "none"
+                pointer = "/response_format" if not calls and job.request.response_format is not None else "/tools"
                 raise UnsupportedSchema(
                     f"compiling this request's constraints did not finish within the server's {self.compile_timeout:g} s "
                     "compile budget; simplify the schemas (or retry: the compilation completes in the background and "
