@@ -49,7 +49,10 @@ def live():
     from constrain.engine import Engine
     from constrain.server import create_app
 
+    import torch
+
     demo_or_skip()
+    threads = torch.get_num_threads()  # the demo engine sets 1 for the process; later tests get theirs back
     engine = Engine.load(None, constrained=True, max_queue=8, timeout=60)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning",
@@ -66,6 +69,7 @@ def live():
         server.should_exit = True
         thread.join(30)
         engine.close()
+        torch.set_num_threads(threads)
 
 
 def assert_serves(port: int) -> None:
