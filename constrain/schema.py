@@ -364,7 +364,7 @@ class _Compiler:
         # ranked name a slot wherever it may appear), so a value has one text in every branch: that is what makes
         # "valid against exactly one branch" checkable on texts. None elsewhere (keys in schema order).
         self.key_rank: dict[str, int] | None = None
-        self._memo: dict[tuple[int, tuple[str, ...], str], fa.Expr] = {}
+        self._memo: dict[tuple, tuple[dict, fa.Expr]] = {}
         self._ranks: list[dict[str, int]] = []  # keeps every ranking alive: caches key on id(key_rank)
         self._universe_cache: dict[tuple[int, int], fa.Expr] = {}
         # Inside a `not` operand (negations > 0) a narrower language would widen the complement, so keywords that
@@ -459,12 +459,15 @@ class _Compiler:
         key = (id(schema), refs, self.syntax.name, self.syntax.whitespace, id(self.key_rank))
         hit = self._memo.get(key)
         if hit is not None:
-            return hit
+            return hit[1]
+        original = schema
         schema, pointer, refs = self.resolve(schema, pointer, refs)
         if schema is None:  # recursion bound reached
             return fa.NOTHING
         expr = self._value(schema, pointer, refs)
-        self._memo[key] = expr
+        # the entry holds the schema itself: merged and rewritten schemas are temporary, and the id of a freed
+        # one may be given to the next
+        self._memo[key] = (original, expr)
         return expr
 
     def resolve(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> tuple[dict | None, str, tuple[str, ...]]:
