@@ -794,8 +794,8 @@ def _minimise(
     """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback).
 
     The first partition already separates states by what equivalent states share: acceptance, the fewest symbols to
-    acceptance (`to_accept`, when given) and which classes have a live transition. Refinement then needs far fewer
-    rounds (each a handful of numpy calls) on the long chains of literal text in tool-call grammars.
+    acceptance (`to_accept`, when given) and which classes have a live transition, which saves a few refinement
+    rounds (required_50: 63 -> 54; rounds are set by the longest distinguishing suffix, often a whole item).
     """
     n, k = trans.shape
     features = [accepting.astype(np.int64)]
@@ -946,7 +946,7 @@ def _describe(expr: Expr, keys: dict[int, tuple[Expr, bytes, frozenset[int]]]) -
 # Process-wide LRU of compiled DFAs by structural key, bounded by their array bytes. Schemas repeat sub-languages
 # (a $ref used in several places, a oneOf branch compiled once alone and once in the union): each is determinised
 # once. Every entry records the budget peak its build reached, so a hit under a smaller `max_states` fails exactly as
-# a rebuild would. (nested_table: 45 -> 30 determinisations in one compile_schema call.)
+# a rebuild would. (nested_table: 45 -> 9 determinisations in one compile_schema call.)
 _SHARED_MAX_BYTES = 64 << 20
 _shared: OrderedDict[bytes, tuple[Dfa, int, int]] = OrderedDict()
 _shared_bytes = 0

@@ -558,7 +558,7 @@ class TokenIndex:
                     t_owner, t_node, t_count = owner[term], node[term], tc[term]
                     owners.append(t_owner)
                     ends_at.append(st[term])
-                    ends = np.cumsum(t_count)
+                    ends = t_count.cumsum()
                     pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[t_node] - (ends - t_count), t_count)
                     token_owner.append(np.repeat(t_owner, t_count))
                     token_ids.append(trie.term_tokens[pos])
@@ -570,7 +570,7 @@ class TokenIndex:
                     node, st, owner, cnt = node[has], st[has], owner[has], cnt[has]
                 if not node.shape[0]:
                     break
-                ends = np.cumsum(cnt)
+                ends = cnt.cumsum()
                 child = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.child_start[node] - (ends - cnt), cnt)
                 nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
                 keep = nxt >= 0
@@ -652,7 +652,7 @@ class TokenIndex:
                 node, st, cnt = node[has], st[has], cnt[has]
             if not node.shape[0]:
                 break
-            ends = np.cumsum(cnt)
+            ends = cnt.cumsum()  # the method: np.cumsum dispatch costs ~1.5 us a call, ~20 calls a walk
             # Ragged arange: the child ids of every live node, in order.
             child = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.child_start[node] - (ends - cnt), cnt)
             nxt = tflat[np.repeat(st * n_classes, cnt) + self._node_cls[child]]
@@ -679,7 +679,7 @@ class TokenIndex:
             has = tc > 0
             nodes, tc = nodes[has], tc[has]
             if nodes.shape[0]:
-                ends = np.cumsum(tc)
+                ends = tc.cumsum()
                 pos = np.arange(int(ends[-1]), dtype=np.intp) + np.repeat(trie.term_start[nodes] - (ends - tc), tc)
                 allowed[trie.term_tokens[pos]] = True
         if self._eos and self._accepting[state]:
