@@ -20,8 +20,8 @@ import weakref
 
 import pytest
 
-from server_utils import (Server, check_message, error_of, free_port, message_of_completion, message_of_events,
-                          post_chat, sse_events)
+from server_utils import (Server, check_message, error_of, free_port, message_of_completion, post_chat,
+                          sse_events)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}]
