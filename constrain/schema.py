@@ -279,6 +279,11 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def syntax_name(syntax: JsonSyntax) -> str:
+    """The syntax's name where keys are written as JSON strings ("json"), whatever the whitespace."""
+    return syntax.name if type(syntax) is JsonSyntax else f"{syntax.name} ({type(syntax).__name__})"
+
+
 def _mentions_not(node: Any) -> bool:
     """Whether a `not` (or a keyword rewritten with one) occurs anywhere in `node`."""
     if isinstance(node, list):
@@ -1129,10 +1134,22 @@ class _Compiler:
         min_p = int(schema.get("minProperties", 0))
         max_p = schema.get("maxProperties")
         max_p = None if max_p is None else int(max_p)
-        names_expr = names_dfa = None
+        names_expr = names_dfa = key_texts = None
         if names_schema is not True:
-            names_expr = self.property_names(names_schema, join_pointer(pointer, "propertyNames"))
-            names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            names_pointer = join_pointer(pointer, "propertyNames")
+            try:
+                names_expr = self.property_names(names_schema, names_pointer)
+                names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            except UnsupportedSchema as err:
+                if isinstance(err, fa.BudgetExceeded) or syntax_name(self.syntax) != "json":
+                    raise
+                # any other subschema: a JSON key is a JSON string text, so the key texts are those of the values
+                # valid against propertyNames (the string texts among them)
+                names_expr = None
+                key_texts = fa.compile(
+                    self.nested(JsonSyntax("compact")).value(names_schema, names_pointer, refs),
+                    max_states=self.opts.max_states, deadline=self.deadline, pointer=names_pointer,
+                )
         absent = set(schema.get("_absent", ()))
         syntax = self.syntax
         inner = self.nested(syntax.child())
@@ -1151,6 +1168,8 @@ class _Compiler:
         def key_value(name: str) -> fa.Expr:
             """The values of property `name`: on every side, its declared schema and matching patterns, else extra."""
             if name in absent or (names_dfa is not None and not names_dfa.matches(name.encode())):
+                return fa.NOTHING
+            if key_texts is not None and not key_texts.matches(dump_json(name).encode()):
                 return fa.NOTHING
             parts: list[tuple[Any, str]] = []
             for props, patterns, extra in sides:
@@ -1209,7 +1228,8 @@ class _Compiler:
                 parts += mine if mine else [(extra, extra_pointer)]
             value = conjunction(parts)
             if value != fa.NOTHING:
-                extra_members.append(syntax.member(syntax.extra_key(keys), value))
+                key = syntax.extra_key(keys) if key_texts is None else fa.intersect(syntax.extra_key(keys), key_texts)
+                extra_members.append(syntax.member(key, value))
         extra_member = fa.union(*extra_members) if extra_members else None
         n_req = sum(1 for _, r in members if r)
         if max_p is not None and n_req > max_p:

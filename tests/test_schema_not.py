@@ -126,6 +126,9 @@ CASES = [
     {"prefixItems": [{"type": "string"}], "contains": {"type": "string"}, "maxContains": 1},
     {"items": {"type": "integer"}, "contains": {"const": 2}, "maxItems": 2},
     {"contains": False, "minContains": 0},
+    {"propertyNames": {"not": {"pattern": "^f"}}},  # a key is a JSON string text: any subschema applies to it
+    {"propertyNames": {"anyOf": [{"maxLength": 1}, {"const": "foo"}]}, "properties": {"foo": {}, "fao": {}}},
+    {"propertyNames": {"not": {"enum": ["a", "b"]}}, "additionalProperties": {"type": "integer"}},
 ]
 
 
