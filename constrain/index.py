@@ -543,25 +543,20 @@ class TokenIndex:
         masks = np.zeros((k, self._n_words), dtype=np.uint32)
         owners: list[np.ndarray] = []
         ends_at: list[np.ndarray] = []  # DFA state after each live node that ends some token
-        token_owner: list[np.ndarray] = []
-        token_ids: list[np.ndarray] = []
         if trie.max_depth:
             states64 = states.astype(np.int64)
             first = tflat[(states64 * n_classes)[:, None] + self._cls_by_depth[0]]
             owner, node = np.nonzero(first >= 0)
             st = first[owner, node]
             node = node.astype(np.int64)
+            live_nodes: list[np.ndarray] = []
+            live_owner: list[np.ndarray] = []
+            live_state: list[np.ndarray] = []
             for d in range(trie.max_depth):
-                tc = trie.term_count[node]
-                term = tc > 0
-                if term.any():
-                    t_owner, t_node, t_count = owner[term], node[term], tc[term]
-                    owners.append(t_owner)
-                    ends_at.append(st[term])
-                    ends = t_count.cumsum()
-                    pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[t_node] - (ends - t_count), t_count)
-                    token_owner.append(np.repeat(t_owner, t_count))
-                    token_ids.append(trie.term_tokens[pos])
+                # the tokens ending at live nodes are read once after the walk: fewer numpy calls per depth
+                live_nodes.append(node)
+                live_owner.append(owner)
+                live_state.append(st)
                 if d + 1 == trie.max_depth:
                     break
                 cnt = trie.child_count[node]
@@ -576,9 +571,17 @@ class TokenIndex:
                 keep = nxt >= 0
                 owner = np.repeat(owner, cnt)[keep]
                 node, st = child[keep], nxt[keep]
-        if token_ids:
-            tok = np.concatenate(token_ids).astype(np.int64)
-            np.bitwise_or.at(masks, (np.concatenate(token_owner), tok >> 5), np.left_shift(np.uint32(1), (tok & 31).astype(np.uint32)))
+            node = np.concatenate(live_nodes)
+            tc = trie.term_count[node]
+            term = tc > 0
+            t_owner, t_node, t_count = np.concatenate(live_owner)[term], node[term], tc[term]
+            if t_node.shape[0]:
+                owners.append(t_owner)
+                ends_at.append(np.concatenate(live_state)[term])
+                ends = t_count.cumsum()
+                pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(trie.term_start[t_node] - (ends - t_count), t_count)
+                tok = trie.term_tokens[pos].astype(np.int64)
+                np.bitwise_or.at(masks, (np.repeat(t_owner, t_count), tok >> 5), np.left_shift(np.uint32(1), (tok & 31).astype(np.uint32)))
         flat_bits = masks.view(np.uint8)  # little-endian words: bit t % 8 of byte t // 8 is token t
         if self._eos:
             acc = np.flatnonzero(self._accepting[states])
