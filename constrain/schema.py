@@ -187,9 +187,13 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     expr = compiler.value(schema, pointer, ())
     dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer)
     if dfa.is_empty:
+        universe = (
+            "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
+            " at most 15 digits" if compiler._universe_cache else ""
+        )
         raise UnsupportedSchema(
             "no JSON value satisfies this schema under constrain's writing rules"
-            f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth})",
+            f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth}{universe})",
             pointer=pointer,
         )
     return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)))
@@ -282,6 +286,23 @@ def _json_equal(a: Any, b: Any) -> bool:
 def syntax_name(syntax: JsonSyntax) -> str:
     """The syntax's name where keys are written as JSON strings ("json"), whatever the whitespace."""
     return syntax.name if type(syntax) is JsonSyntax else f"{syntax.name} ({type(syntax).__name__})"
+
+
+def _listed_strings(node: Any) -> list[str]:
+    """The strings in every `const` and `enum` inside `node`."""
+    out: list[str] = []
+    if isinstance(node, list):
+        for x in node:
+            out += _listed_strings(x)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "const" and isinstance(value, str):
+                out.append(value)
+            elif key == "enum" and isinstance(value, list):
+                out += [v for v in value if isinstance(v, str)]
+            elif key not in ("default", "examples"):
+                out += _listed_strings(value)
+    return out
 
 
 def _mentions_not(node: Any) -> bool:
@@ -418,6 +439,9 @@ class _Compiler:
                 rank.setdefault(name, len(rank))
             for name in node.get("required") or () if isinstance(node.get("required"), list) else ():
                 if isinstance(name, str):
+                    rank.setdefault(name, len(rank))
+            if "propertyNames" in node:  # the names it lists may all be keys: give them slots too
+                for name in _listed_strings(node["propertyNames"]):
                     rank.setdefault(name, len(rank))
             for key in ("dependencies", "dependentRequired", "dependentSchemas"):
                 deps = node.get(key)
