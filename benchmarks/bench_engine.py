@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -432,7 +433,8 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
         res["error"] = f"constrain cannot compile: {type(err).__name__}: {str(err)[:200]}"
         res["engines"]["constrain"] = {"status": "error", "error": res["error"]}
         return res
-    samples = sample_outputs(ref_idx, vocab, args.samples, args.soft, args.hard, seed=hash((w.name, vlabel)) & 0xFFFF)
+    # a stable seed (str hash() changes per process): the same samples, and so comparable agreement counts, every run
+    samples = sample_outputs(ref_idx, vocab, args.samples, args.soft, args.hard, seed=zlib.crc32(f"{w.name}/{vlabel}".encode()) & 0xFFFF)
     res["sample_lengths"] = [len(s) for s in samples]
     ref = reference_masks(ref_idx, samples, n_words, args.check_steps)
     excluded = np.asarray(sorted(set(vocab.special_ids) | set(vocab.eos_ids)), dtype=np.int64)
