@@ -14,7 +14,7 @@ from transformers import LogitsProcessor
 from constrain.errors import MaskViolation
 from constrain.index import TokenIndex
 from kernels import UNCONSTRAINED, apply_token_mask
-from kernels.cpu_mask import PlanCache, apply_planned
+from kernels.cpu_mask import PlanCache, RowPlan, apply_planned
 
 __all__ = ["MaskProcessor", "apply_token_mask"]
 
@@ -143,11 +143,14 @@ class MaskProcessor(LogitsProcessor):
         self._table: torch.Tensor | None = None
         self._n_synced = 0
         self._plan_of: list[tuple[PlanCache, Hashable]] = []  # per slot: where its CPU plan is cached, and its key
+        self._slot_plan: list[RowPlan | None] = []  # per slot: its plan once fetched (for `_plan_vocab` wide scores)
+        self._plan_vocab = -1
         self._own_plans = PlanCache(max_entries=4)  # the dead row's
         # The previous call's generated ids and nodes: the usual step extends each row by one token.
         self._prev_ids: torch.Tensor | None = None
         self._prev_nodes: list[int] = []
         self._prev_requests: torch.Tensor | None = None
+        self._requests_of: dict[tuple[int, int], torch.Tensor] = {}  # (rows, rows per request) -> request of each row
 
     # ---- transformers entry point
 
@@ -167,13 +170,18 @@ class MaskProcessor(LogitsProcessor):
         slots = [self._slot_for(n) for n in nodes]
         if scores.device.type == "cpu":
             vocab_size = scores.shape[1]
+            if vocab_size != self._plan_vocab:
+                self._slot_plan = [None] * len(self._slot_plan)
+                self._plan_vocab = vocab_size
             plans = []
             for s in slots:
-                if s == UNCONSTRAINED:
-                    plans.append(None)
-                else:
-                    cache, key = self._plan_of[s]
-                    plans.append(cache.get(key, self._host_rows[s], vocab_size))
+                plan = None
+                if s != UNCONSTRAINED:
+                    plan = self._slot_plan[s]
+                    if plan is None:
+                        cache, key = self._plan_of[s]
+                        plan = self._slot_plan[s] = cache.get(key, self._host_rows[s], vocab_size)
+                plans.append(plan)
             apply_planned(scores, plans)
             return scores
         table = self._sync_table(scores.device)
@@ -217,7 +225,9 @@ class MaskProcessor(LogitsProcessor):
 
     def _nodes_for(self, generated: torch.Tensor, per_request: int) -> list[int]:
         rows, length = generated.shape
-        requests = torch.arange(rows) // per_request
+        requests = self._requests_of.get((rows, per_request))
+        if requests is None:
+            requests = self._requests_of[(rows, per_request)] = torch.arange(rows) // per_request
         prev = self._prev_ids
         parents: list[int | None] = [None] * rows
         if length == 0:
@@ -225,7 +235,7 @@ class MaskProcessor(LogitsProcessor):
         else:
             if prev is not None and prev.shape[1] == length - 1:
                 head = generated[:, :-1]
-                if prev.shape[0] == rows and torch.equal(head, prev) and torch.equal(requests, self._prev_requests):
+                if prev.shape[0] == rows and requests is self._prev_requests and torch.equal(head, prev):
                     parents = list(self._prev_nodes)  # sampling / greedy: each row extends itself
                 elif prev.shape[0]:
                     # Beam reordering: a row extends whichever previous row of its own request it matches.
@@ -273,6 +283,7 @@ class MaskProcessor(LogitsProcessor):
         slot = len(self._host_rows)
         self._host_rows.append(mask)
         self._plan_of.append(plan_of)
+        self._slot_plan.append(None)
         self._slot_of[key] = slot
         return slot
 
