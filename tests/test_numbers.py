@@ -106,7 +106,9 @@ def test_integer_bounds_match_jsonschema(bounds, data):
     dfa = fa.compile(expr)
     schema = {"type": "integer", **bounds}
     for text in candidate_texts(bounds, data.draw):
-        expected = bool(CANONICAL_INTEGER_RE.fullmatch(text)) and oracle_valid(text, schema)
+        # Documented rule: an integer must satisfy both the float's binary value (the oracle's reading) and the
+        # decimal the author wrote (`maximum: 1e300` refuses 10**300 + 1, which is below the float 1e300).
+        expected = bool(CANONICAL_INTEGER_RE.fullmatch(text)) and oracle_valid(text, schema) and decimal_ok(text, bounds)
         assert dfa.matches(text.encode()) == expected, (text, bounds)
 
 
@@ -259,3 +261,11 @@ def test_number_multiple_of_unsupported(k):
 def test_integer_multiple_of_numerator_limit():
     with pytest.raises(UnsupportedSchema):
         integer_expr(multiple_of=100.01, pointer="/s")  # 10001/100: integers divisible by 10001
+
+
+def test_a_float_bound_is_read_both_as_written_and_as_its_binary_value():
+    """`maximum: 1e300`: the float's binary value is above 10**300, the written decimal is 10**300 exactly."""
+    dfa = fa.compile(integer_expr(maximum=1e300))
+    assert dfa.matches(str(10**300).encode())
+    assert not dfa.matches(str(10**300 + 1).encode())  # valid for python-jsonschema (float compare), not as written
+    assert oracle_valid(str(10**300 + 1), {"type": "integer", "maximum": 1e300})
