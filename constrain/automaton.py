@@ -16,17 +16,89 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from constrain.errors import UnsupportedSchema
+from constrain.errors import InternalError, UnsupportedSchema
 
 N_BYTES = 256
 MAX_UNICODE = 0x10FFFF
 
 
 class BudgetExceeded(UnsupportedSchema):
-    """An automaton grew past its state budget or its compile deadline."""
+    """An automaton grew past its state budget or its compile deadline, or its compile was cancelled."""
 
     def __init__(self, message: str, *, pointer: str = ""):
         super().__init__(message, pointer=pointer, code="budget_exceeded")
+
+
+class Deadline:
+    """One compile's time limit and cancel flag, shared by every stage of that compile.
+
+    While `active()` on a thread, every automaton compile (each schema's, the policy's) and every token-index build
+    (the `min_tokens` table, eager fills) on that thread checks it where it checks its own deadline, and stops with
+    `BudgetExceeded` (code `budget_exceeded`, the pointer of the part being compiled) once `expires_at` has passed
+    or `cancel()` was called, from any thread. A stage's own budget (a schema's `timeout_s`) still applies inside it.
+
+    Args:
+        seconds: time allowed from now (None: no time limit, only `cancel()`).
+        expires_at: a `time.monotonic()` instant instead of `seconds`.
+    """
+
+    def __init__(self, seconds: float | None = None, *, expires_at: float | None = None):
+        if seconds is not None and expires_at is not None:
+            raise InternalError(f"give seconds or expires_at, not both (got {seconds!r} and {expires_at!r})")
+        self.expires_at = time.monotonic() + seconds if seconds is not None else expires_at
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask every compile under this deadline to stop at its next check (thread-safe, idempotent)."""
+        self._cancelled.set()
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def is_expired(self) -> bool:
+        """Cancelled, or past `expires_at`."""
+        return self._cancelled.is_set() or (self.expires_at is not None and time.monotonic() > self.expires_at)
+
+    def check(self, pointer: str = "") -> None:
+        """Raise `BudgetExceeded` at `pointer` once cancelled or past `expires_at`."""
+        if self._cancelled.is_set():
+            raise BudgetExceeded("compilation was cancelled", pointer=pointer)
+        if self.expires_at is not None and time.monotonic() > self.expires_at:
+            raise BudgetExceeded("compilation exceeded its total time budget", pointer=pointer)
+
+    def active(self) -> "_Active":
+        """A context manager making this the deadline every compile on the current thread checks (nestable)."""
+        return _Active(self)
+
+
+_active = threading.local()
+
+
+class _Active:
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
+
+    def __enter__(self) -> Deadline:
+        stack = getattr(_active, "stack", None)
+        if stack is None:
+            stack = _active.stack = []
+        stack.append(self.deadline)
+        return self.deadline
+
+    def __exit__(self, *exc: object) -> None:
+        _active.stack.pop()
+
+
+def active_deadlines() -> tuple[Deadline, ...]:
+    """The deadlines active on the current thread, outermost first (empty when none)."""
+    return tuple(getattr(_active, "stack", ()))
+
+
+def check_deadlines(pointer: str = "") -> None:
+    """Raise `BudgetExceeded` at `pointer` when any deadline active on this thread is cancelled or past."""
+    for deadline in getattr(_active, "stack", ()):
+        deadline.check(pointer)
 
 
 # ---------------------------------------------------------------------------
@@ -371,7 +443,9 @@ class _Budget:
         self.max_states = max_states
         self.deadline = deadline
         self.pointer = pointer
+        self.shared = active_deadlines()  # the whole compile's deadlines (`Deadline.active`), read once per compile
         self._ticks = 0
+        self._next_check = 64
         # the largest size checked so far: a shared compiled DFA remembers the peak its build needed (see `_compile`)
         self.peak = 0
 
@@ -382,10 +456,12 @@ class _Budget:
             raise BudgetExceeded(f"automaton exceeds the state budget of {self.max_states} states", pointer=self.pointer)
         self.tick()
 
-    def tick(self) -> None:
-        """Count one unit of work (an NFA node, a DFA state built or expanded); read the clock every 64."""
-        self._ticks += 1
-        if self._ticks & 63 == 0:
+    def tick(self, units: int = 1) -> None:
+        """Count `units` of work (one: an NFA node, a DFA state built or expanded, 64 NFA nodes of a closure); read
+        the clock every 64."""
+        self._ticks += units
+        if self._ticks >= self._next_check:
+            self._next_check = self._ticks + 64
             self.check_time()
 
     def check_time(self) -> None:
@@ -394,6 +470,8 @@ class _Budget:
         # (a compile seen at 30 s under a 10 s budget on a loaded machine read the clock every 256 units only).
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise BudgetExceeded("automaton compilation exceeded its time budget", pointer=self.pointer)
+        for deadline in self.shared:
+            deadline.check(self.pointer)
 
 
 class _Nfa:
@@ -559,6 +637,9 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
                 if m not in seen:
                     seen.add(m)
                     stack.append(m)
+        # A DFA state of a nested repetition holds thousands of NFA nodes (`^((a{1,20}){1,20}){1,20}$`): its closure
+        # counts as work by size, so the clock is read every 64 units of work whatever the states' sizes.
+        budget.tick(len(seen) >> 6)
         # keep only nodes that carry symbol edges, plus the final node (for acceptance)
         result = frozenset(n for n in seen if edges_of[n] or n == final)
         closure_cache[key] = result
@@ -572,7 +653,7 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     while i < len(order):
         current = order[i]
         i += 1
-        budget.tick()
+        budget.tick(1 + (len(current) >> 6))
         # Targets grouped by symbol mask first: when the masks of a state's edges are pairwise disjoint (the usual
         # case), every class of a mask has the same target set, so one closure serves all of them.
         by_mask: dict[int, set[int]] = {}
@@ -632,7 +713,7 @@ def _levels_from(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n
     d = 0
     while frontier.size:
         if budget is not None:
-            budget.tick()
+            budget.check_time()  # one numpy pass per level: reading the clock costs nothing beside it
         counts = start[frontier + 1] - start[frontier]
         total = int(counts.sum())
         if not total:
@@ -1032,6 +1113,11 @@ def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = N
     _pause_gc()
     try:
         return _compile(expr, _Budget(max_states, deadline, pointer), _Memo())
+    except BudgetExceeded as err:
+        # The traceback's frames hold the stopped compile's NFA and state sets (millions of objects): drop them here,
+        # while the collector is still paused, so they are freed by reference counts alone. (Freeing them is what a
+        # stopped compile costs past its deadline: `^((a{1,20}){1,20}){1,20}$` stops at 10.0 s, returns at 10.3-10.7.)
+        raise err.with_traceback(None) from err.__cause__
     except RecursionError as err:
         raise BudgetExceeded("automaton expression nested too deeply to compile", pointer=pointer) from err
     finally:

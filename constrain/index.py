@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from constrain.automaton import check_deadlines
 from constrain.errors import InternalError, MaskViolation
 from constrain.trie import _Trie, _trie_for
 
@@ -396,7 +397,10 @@ class TokenIndex:
             n = self._n_states
             dests: list[np.ndarray] = [np.zeros(0, np.intp)] * n
             batched = self._batchable_states()
+            # A whole-index build can take minutes (115k states of string content: ~47 s): it checks the compile's
+            # deadlines (`automaton.Deadline.active`) per batch and per single state, and keeps the rows made so far.
             for lo in range(0, batched.shape[0], _BATCH_STATES):
+                check_deadlines()
                 chunk = batched[lo : lo + _BATCH_STATES]
                 masks, chunk_dests = self._walk_batch(chunk)
                 with self._lock:
@@ -407,6 +411,7 @@ class TokenIndex:
             single = np.ones(n, dtype=bool)
             single[batched] = False
             for s in np.flatnonzero(single).tolist():
+                check_deadlines()
                 walk = self._walk(s)
                 dests[s] = self._destinations(s, walk)
                 if self._row_of[s] < 0:
@@ -424,6 +429,7 @@ class TokenIndex:
             frontier[self._accepting] = True
             level = 0
             while True:
+                check_deadlines()
                 level += 1
                 reached = src[frontier[dst]]
                 reached = reached[dist[reached] == NO_COMPLETION]

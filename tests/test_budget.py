@@ -6,6 +6,9 @@ import json
 import math
 import pickle
 import random
+import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -415,3 +418,111 @@ def test_real_vocab_budgeted_walks(request, name, bfcl_dfas):
                 text = b"".join(vocab.token_bytes[t] for t in tokens)
                 assert cursor.is_accepting() and len(tokens) <= low + extra and dfa.matches(text)
                 json.loads(text)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Compile deadlines: one `Deadline` bounds (and can cancel) a whole compile_index, index build included. The bounds
+# below are generous "stops within" checks on a loaded 2-core machine, not timings.
+
+_STOP_BOUND_S = 2.0  # how long past its deadline (or cancel) a compile may take to stop
+
+
+def _tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def _one(prop: dict) -> dict:
+    return {"type": "object", "properties": {"v": prop}, "required": ["v"]}
+
+
+def _intersected_patterns_policy():
+    """Ten intersected `.*c.*` patterns: the automaton (~115k states) compiles in seconds, its min_tokens table
+    over the Qwen3 vocabulary takes most of a minute."""
+    from constrain import Policy
+
+    schema = _one({"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]})
+    return Policy.from_request({"tools": [_tool("intersected", schema)], "tool_choice": "required"})
+
+
+def _compile_in_thread(policy, vocab, deadline, **kwargs):
+    from constrain.compiler import compile_index
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["index"] = compile_index(policy, vocab, tool_format="hermes", thinking=False, eager=True,
+                                         deadline=deadline, **kwargs)
+        except fa.BudgetExceeded as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_deadline_stops_the_index_build(qwen3_vocab):
+    from constrain.compiler import compile_index
+
+    deadline = fa.Deadline(4.0)
+    with pytest.raises(fa.BudgetExceeded) as info:
+        compile_index(_intersected_patterns_policy(), qwen3_vocab, tool_format="hermes", thinking=False, eager=True,
+                      cache=None, deadline=deadline)
+    assert time.monotonic() - deadline.expires_at < _STOP_BOUND_S
+    assert info.value.code == "budget_exceeded"
+    assert info.value.pointer.startswith("/tools")  # the index (`/tools`) or the tool's schema (`/tools/0/...`)
+
+
+def test_cancel_from_another_thread_stops_the_compile_and_caches_nothing(qwen3_vocab):
+    from constrain.cache import IndexCache
+
+    cache = IndexCache()
+    deadline = fa.Deadline()  # no time limit: only the cancel stops it
+    thread, box = _compile_in_thread(_intersected_patterns_policy(), qwen3_vocab, deadline, cache=cache)
+    thread.join(3.0)
+    assert thread.is_alive(), "the compile finished before the cancel: this test needs a slower one"
+    cancelled_at = time.monotonic()
+    deadline.cancel()
+    thread.join(_STOP_BOUND_S)
+    assert not thread.is_alive(), f"the compile still ran {time.monotonic() - cancelled_at:.1f} s after cancel()"
+    assert "index" not in box and box["error"].code == "budget_exceeded"
+    assert len(cache) == 0
+    # the cache itself still works: a small policy compiles and is kept
+    from constrain import Policy
+    from constrain.compiler import compile_index
+
+    small = Policy.from_request({"tools": [_tool("small", _one({"type": "boolean"}))], "tool_choice": "required"})
+    compile_index(small, qwen3_vocab, tool_format="hermes", thinking=False, cache=cache, deadline=fa.Deadline(60))
+    assert len(cache) == 1
+
+
+def test_cancelled_before_it_starts_compiles_nothing(qwen3_vocab):
+    """A compile too small to reach one of the automaton's clock reads still honours a cancel."""
+    from constrain import Policy
+    from constrain.cache import IndexCache
+    from constrain.compiler import compile_index
+
+    cache = IndexCache()
+    small = Policy.from_request({"tools": [_tool("tiny", _one({"type": "null"}))], "tool_choice": "required"})
+    deadline = fa.Deadline()
+    deadline.cancel()
+    with pytest.raises(fa.BudgetExceeded) as info:
+        compile_index(small, qwen3_vocab, tool_format="hermes", thinking=False, cache=cache, deadline=deadline)
+    assert info.value.pointer == "/tools" and len(cache) == 0
+
+
+def test_one_deadline_bounds_many_slow_tools(qwen3_vocab):
+    """128 tools whose schemas take seconds each (a nested bounded repetition, distinct per tool so no compiled
+    sub-automaton is shared): each fits its own 10 s schema budget, the sum does not fit the request's deadline."""
+    from constrain import Policy
+    from constrain.compiler import compile_index
+
+    tools = [_tool(f"slow_{i}", _one({"type": "string", "pattern": f"^deadline{i}((a{{1,12}}){{1,12}}){{1,12}}$"}))
+             for i in range(128)]
+    policy = Policy.from_request({"tools": tools, "tool_choice": "required"})
+    deadline = fa.Deadline(4.0)
+    with pytest.raises(fa.BudgetExceeded) as info:
+        compile_index(policy, qwen3_vocab, tool_format="hermes", thinking=False, cache=None, deadline=deadline)
+    assert time.monotonic() - deadline.expires_at < _STOP_BOUND_S
+    # it stopped inside one tool's schema, and says which
+    assert re.fullmatch(r"/tools/\d+/function/parameters(/.*)?", info.value.pointer), info.value.pointer
