@@ -25,6 +25,10 @@ __all__ = ["Engine", "Job", "QueueFull", "RequestTimeout"]
 
 log = logging.getLogger("constrain.serve")
 
+# How long a request waits, past its compile deadline, for the compiler to stop itself and say where it was (it
+# reads the deadline at least every few hundred ms of work: test_budget.py bounds the stop at under a second).
+_CANCEL_GRACE_S = 1.0
+
 DEFAULT_COMPILE_TIMEOUT_S = 30.0  # schema.py's own per-schema budget is 10 s; this bounds the whole policy
 DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens (raised to the shortest valid output when constrained)
 TOOL_FORMATS = ("auto", "hermes", "qwen3_xml", "gemma4", "llama3_json", "mistral", "mistral_v3", "json")
@@ -101,7 +105,8 @@ class Engine:
         self.compile_timeout = float(compile_timeout)
         self._lock = threading.Lock()
         self._compiling = 0
-        self._compiles_abandoned = 0
+        self._compiles_timed_out = 0
+        self._compiles_cancelled = 0
         self.name = self.model_dir.name
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = transformers.AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
@@ -179,15 +184,16 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The `/v1/stats` figures: the compiled-index cache (entries, estimated bytes and its bound, hits, misses,
-        evictions), compilations running and abandoned at the compile budget, the process's resident memory in bytes
-        (None where /proc is absent) and the queue length."""
+        evictions), compilations running (threads not yet stopped), stopped at the compile budget or the request's
+        deadline (`timed_out`) and cancelled because their client left, the process's resident memory in bytes (None
+        where /proc is absent) and the queue length."""
         from constrain.compiler import DEFAULT_CACHE
 
         cache = DEFAULT_CACHE
         return {"cache": {"entries": len(cache), "bytes": cache.nbytes(), "max_bytes": cache.max_bytes,
                           "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions},
-                "compiles": {"running": self._compiling, "abandoned": self._compiles_abandoned,
-                             "timeout_s": self.compile_timeout},
+                "compiles": {"running": self._compiling, "timed_out": self._compiles_timed_out,
+                             "cancelled": self._compiles_cancelled, "timeout_s": self.compile_timeout},
                 "rss_bytes": _rss_bytes(), "queued": self.queued()}
 
     def prepare(self, body: Any) -> Job:
@@ -345,25 +351,31 @@ class Engine:
         """The job's token index and the fewest tokens a valid reply needs (0 unconstrained), or None when the job
         was cancelled meanwhile.
 
-        Compilation runs on its own thread so that the request is answered within `compile_timeout` whatever the
-        compiler does: past it, a `budget_exceeded` 400 (the request is refused, never served unconstrained). The
-        compiler cannot be interrupted from outside, so an abandoned compilation runs to its end in the background and
-        its index is cached for a retry; `stats()` counts those.
+        Compilation runs on its own thread under one `Deadline` (the compile budget or the request's deadline,
+        whichever comes first) that covers every schema, the policy automaton and the index's `min_tokens` table.
+        Past it the compiler stops itself at its next check (within about a second: `_CANCEL_GRACE_S`) and the
+        request gets a `budget_exceeded` 400 at the pointer where it stopped; a client that leaves cancels it. A
+        stopped compile caches nothing and the request is never served unconstrained. `stats()` counts both.
 
         Raises:
             RequestError: the compiler's own refusals (named after their tool), or the compile budget.
             RequestTimeout: the request's own deadline came first.
         """
+        from constrain.automaton import BudgetExceeded, Deadline
         from constrain.compiler import compile_index
         from constrain.errors import UnsupportedSchema
 
         box: dict[str, Any] = {}
         done = threading.Event()
+        limit = min(time.monotonic() + self.compile_timeout, job.deadline)
+        deadline = Deadline(expires_at=limit)
 
         def run() -> None:
             try:
-                index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking)
-                box["result"] = (index, index.min_tokens_from_start() if self.constrained else 0)
+                with deadline.active():
+                    index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking,
+                                          deadline=deadline)
+                    box["result"] = (index, index.min_tokens_from_start() if self.constrained else 0)
             except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job
                 box["error"] = err
             finally:
@@ -374,26 +386,39 @@ class Engine:
         with self._lock:
             self._compiling += 1
         threading.Thread(target=run, name="constrain-compile", daemon=True).start()
-        t0 = time.monotonic()
-        limit = min(t0 + self.compile_timeout, job.deadline)
         while not done.wait(0.05):
             if job.cancelled.is_set():
+                deadline.cancel()
+                with self._lock:
+                    self._compiles_cancelled += 1
                 return None
             if time.monotonic() > limit:
-                with self._lock:
-                    self._compiles_abandoned += 1
-                if limit == job.deadline:
-                    raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout while its "
-                                         "tool policy compiled")
-                calls = job.policy.max_calls > 0 and job.policy.mode != "none"
-                pointer = "/response_format" if not calls and job.request.response_format is not None else "/tools"
-                raise UnsupportedSchema(
-                    f"compiling this request's constraints did not finish within the server's {self.compile_timeout:g} s "
-                    "compile budget; simplify the schemas (or retry: the compilation completes in the background and "
-                    "is cached)", pointer=pointer, code="budget_exceeded")
-        if "error" in box:
-            err = box["error"]
+                # the compiler checks the deadline itself: give it a moment to stop and say where it was
+                done.wait(_CANCEL_GRACE_S)
+                deadline.cancel()
+                break
+        err = box.get("error")
+        expired = deadline.is_expired() and "result" not in box
+        if expired and (err is None or isinstance(err, BudgetExceeded)):
+            with self._lock:
+                self._compiles_timed_out += 1
+            if limit == job.deadline:
+                raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout while its "
+                                     "tool policy compiled")
+            calls = job.policy.max_calls > 0 and job.policy.mode != "none"
+            pointer = "/response_format" if not calls and job.request.response_format is not None else "/tools"
+            if err is not None and err.pointer:
+                pointer = err.pointer
+            refusal = UnsupportedSchema(
+                f"compiling this request's constraints did not finish within the server's {self.compile_timeout:g} s "
+                "compile budget; simplify the schemas", pointer=pointer, code="budget_exceeded")
+            _name_tool(refusal, job.policy)
+            raise refusal from err
+        if err is not None:
             if isinstance(err, RequestError):
+                if not err.pointer and isinstance(err, BudgetExceeded):  # the index's table covers the whole policy
+                    err.pointer = "/tools"
+                    err.args = (f"{err.message} (at {err.pointer})",)
                 _name_tool(err, job.policy)
             raise err
         return box["result"]

@@ -183,16 +183,70 @@ def test_slow_compilation_is_refused_at_the_compile_budget(live, monkeypatch):
 
     monkeypatch.setattr(engine, "compile_timeout", 1.0)
     monkeypatch.setattr(constrain.compiler, "compile_index", stuck)
-    abandoned = engine.stats()["compiles"]["abandoned"]
+    timed_out = engine.stats()["compiles"]["timed_out"]
     t0 = time.monotonic()
     status, data = post_chat(port, BODY)
     err = error_of(status, data)
     assert status == 400 and err["code"] == "budget_exceeded" and err["param"] == "tools", err
     assert time.monotonic() - t0 < 30  # answered at the budget, not when the compiler finished
-    assert engine.stats()["compiles"]["abandoned"] == abandoned + 1
+    assert engine.stats()["compiles"]["timed_out"] == timed_out + 1
     monkeypatch.undo()
-    release.set()
-    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, what="the abandoned compilation to end")
+    release.set()  # this fake compiler never reads its deadline; the real one does (the tests below)
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, what="the stuck compilation to end")
+    assert_serves(port)
+
+
+# Ten intersected `.*c.*` patterns: the policy automaton compiles in seconds, the token index's min_tokens table over
+# it takes most of a minute; nothing caps it but the request's compile deadline.
+SLOW_TOOLS = [{"type": "function", "function": {"name": "intersected", "parameters": {
+    "type": "object", "properties": {"v": {"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]}},
+    "required": ["v"]}}}]
+SLOW_BODY = {**BODY, "tools": SLOW_TOOLS}
+STOP_BOUND_S = 2.0  # how long a compile may run on after its deadline or cancel (a generous bound, not a timing)
+
+
+def test_compilation_past_the_budget_stops_at_the_budget(live, monkeypatch):
+    engine, port = live
+    monkeypatch.setattr(engine, "compile_timeout", 4.0)
+    timed_out = engine.stats()["compiles"]["timed_out"]
+    t0 = time.monotonic()
+    status, data = post_chat(port, SLOW_BODY)
+    answered = time.monotonic()
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "budget_exceeded", err
+    assert err["param"] == "tools" or err["param"].startswith("tools[0].function.parameters"), err
+    assert answered - t0 < 4.0 + STOP_BOUND_S + 1.0  # the budget, the grace for the compiler to stop, the HTTP round
+    assert engine.stats()["compiles"]["timed_out"] == timed_out + 1
+    # the compile thread itself stopped (it no longer runs on in the background)
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, timeout=STOP_BOUND_S, what="the compile to stop")
+    monkeypatch.undo()
+    assert_serves(port)
+
+
+def test_request_timeout_stops_its_compilation(live, monkeypatch):
+    engine, port = live
+    monkeypatch.setattr(engine, "timeout", 4.0)  # the request's own deadline comes before the compile budget
+    status, data = post_chat(port, SLOW_BODY)
+    err = error_of(status, data)
+    assert status == 504 and err["code"] == "timeout", err
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, timeout=STOP_BOUND_S, what="the compile to stop")
+    monkeypatch.undo()
+    assert_serves(port)
+
+
+def test_client_leaving_cancels_its_compilation(live):
+    engine, port = live
+    cancelled = engine.stats()["compiles"]["cancelled"]
+    raw = json.dumps(SLOW_BODY).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 1, timeout=10, what="the compile to start")
+    time.sleep(1.0)
+    sock.close()
+    # the server notices the departed client within its poll interval, then the compile stops at its next check
+    wait_for(lambda: engine.stats()["compiles"]["cancelled"] == cancelled + 1, timeout=5, what="the cancel")
+    wait_for(lambda: engine.stats()["compiles"]["running"] == 0, timeout=STOP_BOUND_S, what="the compile to stop")
     assert_serves(port)
 
 
