@@ -439,10 +439,12 @@ def _empty_dfa() -> Dfa:
 
 
 class _Budget:
-    def __init__(self, max_states: int, deadline: float | None, pointer: str):
+    def __init__(self, max_states: int, deadline: float | None, pointer: str, pointers: dict[int, str] | None = None):
         self.max_states = max_states
         self.deadline = deadline
         self.pointer = pointer
+        # id(sub-expression) -> its JSON Pointer: a budget error names the innermost one it was building (see `_at`)
+        self.pointers = pointers or {}
         self.shared = active_deadlines()  # the whole compile's deadlines (`Deadline.active`), read once per compile
         self._ticks = 0
         self._next_check = 64
@@ -504,7 +506,11 @@ class _Nfa:
         if entry is None:
             entry = self.node()
             self.entries[key] = entry
-            self._build(expr, entry, dst)
+            try:
+                self._build(expr, entry, dst)
+            except BudgetExceeded as err:
+                _at(err, expr, self.budget)
+                raise
         self.eps[src].append(entry)
 
     def _build(self, expr: Expr, src: int, dst: int) -> None:
@@ -1066,9 +1072,27 @@ def clear_compiled() -> None:
         _shared_bytes = 0
 
 
+def _at(err: BudgetExceeded, expr: Expr, budget: _Budget) -> None:
+    """Point `err` at `expr`'s JSON Pointer, unless an expression inside it already claimed the error."""
+    if budget.pointers and not getattr(err, "located", False):
+        pointer = budget.pointers.get(id(expr))
+        if pointer is not None:
+            err.pointer = pointer
+            err.args = (f"{err.message} (at {pointer or '/'})",)
+            err.located = True
+
+
 def _compile(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     if isinstance(expr, Dfa):
         return expr
+    try:
+        return _compile_uncaught(expr, budget, memo)
+    except BudgetExceeded as err:
+        _at(err, expr, budget)
+        raise
+
+
+def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     hit = memo.dfas.get(expr)
     if hit is not None:
         return hit
@@ -1097,14 +1121,21 @@ def _compile(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     return dfa
 
 
-def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = None, pointer: str = "") -> Dfa:  # noqa: A001
+def compile(  # noqa: A001
+    expr: Expr, *, max_states: int = 200_000, deadline: float | None = None, pointer: str = "",
+    pointers: dict[int, str] | None = None,
+) -> Dfa:
     """Compile an expression to a deterministic, trimmed, minimised automaton.
+
+    Besides `deadline`, every `Deadline` active on this thread (`Deadline.active`) stops the compile.
 
     Args:
         expr: the language to compile.
         max_states: the state budget for every intermediate automaton.
         deadline: a `time.monotonic()` instant after which compilation stops.
         pointer: JSON Pointer reported in a budget error.
+        pointers: `id(sub-expression)` → JSON Pointer, for sub-expressions of `expr` (kept alive by it): a budget
+            error raised while one of them was built or determinised reports the innermost one's pointer instead.
     Returns:
         The `Dfa` (empty: `n_states == 0` when the language is empty).
     Raises:
@@ -1112,7 +1143,7 @@ def compile(expr: Expr, *, max_states: int = 200_000, deadline: float | None = N
     """
     _pause_gc()
     try:
-        return _compile(expr, _Budget(max_states, deadline, pointer), _Memo())
+        return _compile(expr, _Budget(max_states, deadline, pointer, pointers), _Memo())
     except BudgetExceeded as err:
         # The traceback's frames hold the stopped compile's NFA and state sets (millions of objects): drop them here,
         # while the collector is still paused, so they are freed by reference counts alone. (Freeing them is what a

@@ -175,3 +175,38 @@ def test_compile_leaves_the_garbage_collector_as_it_was():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_budget_error_names_the_innermost_sub_expression_it_was_building():
+    lower = fa.byte_set([(ord("a"), ord("z"))])
+    long_run = fa.repeat(lower, 0, 1_000_000)  # its NFA alone passes the state budget
+    expr = fa.concat(fa.literal(b"x"), long_run, fa.literal(b"y"))
+    pointers = {id(long_run): "/properties/v/maxLength", id(expr): "/properties/v"}
+    with pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(expr, max_states=100_000, pointer="", pointers=pointers)
+    assert info.value.pointer == "/properties/v/maxLength"
+    with pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(expr, max_states=100_000, pointer="/root")
+    assert info.value.pointer == "/root"
+    # a determinisation blow-up belongs to the whole expression being determinised
+    ab = fa.byte_set([(ord("a"), ord("b"))])
+    blowup = fa.concat(fa.repeat(ab, 0), fa.literal(b"a"), fa.repeat(ab, 20, 20))
+    outer = fa.concat(fa.literal(b"q"), blowup)
+    with pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(outer, max_states=10_000, pointers={id(outer): "/pattern"})
+    assert info.value.pointer == "/pattern"
+
+
+def test_an_active_deadline_stops_a_compile():
+    ab = fa.byte_set([(ord("a"), ord("b"))])
+    blowup = fa.concat(fa.repeat(ab, 0), fa.literal(b"a"), fa.repeat(ab, 18, 18))  # ~2^19 states: seconds of work
+    deadline = fa.Deadline()
+    deadline.cancel()
+    with deadline.active(), pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(blowup, max_states=10_000_000, pointer="/tools/0/function/parameters")
+    assert info.value.code == "budget_exceeded" and info.value.pointer == "/tools/0/function/parameters"
+    with fa.Deadline(0.0).active(), pytest.raises(fa.BudgetExceeded):
+        fa.compile(blowup, max_states=10_000_000)
+    # outside `active()` the same deadline does not apply
+    assert fa.compile(fa.literal(b"ok")).matches(b"ok")
+    assert fa.active_deadlines() == ()
