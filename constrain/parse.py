@@ -714,12 +714,26 @@ def _valid_calls(events: Sequence[Event], policy: Any) -> bool:
     for name, arguments in calls:
         if name not in policy.allowed:
             return False
-        try:
-            if not isinstance(json.loads(arguments), dict):
-                return False
-        except ValueError:
+        if not _usable_arguments(arguments):
             return False
     return True
+
+
+def _usable_arguments(arguments: str) -> bool:
+    """A JSON object without a repeated key at any depth."""
+    try:
+        return isinstance(json.loads(arguments, object_pairs_hook=_unique_keys), dict)
+    except ValueError:
+        return False
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are distinct; a repeated key (a byte automaton cannot rule out two equal undeclared
+    keys) makes the arguments ambiguous, so the call is not reported."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("arguments repeat a key")
+    return out
 
 
 def _message(events: Sequence[Event], ids: Sequence[str], thinking: bool, finish_reason: str) -> dict[str, Any]:
@@ -771,7 +785,7 @@ def parse_output(
 
     Guarantee (fail closed): `tool_calls` is reported only when the ids are a whole output of `index`'s language
     (replayed through `index.start()`), `finish_reason` is "stop", and every call reads back with an allowed name,
-    a JSON-object `arguments` and a count within the policy's bounds. Otherwise there is no `tool_calls` key:
+    a JSON-object `arguments` without a repeated key (at any depth) and a count within the policy's bounds. Otherwise there is no `tool_calls` key:
       * `finish_reason="length"` (the budget cut the output; it wins over calls): `content` is the text every
         reading of the prefix agrees is content (no tool-call markup), `finish_reason` "length";
       * ids outside the language, or a turn that does not read back: the whole text as `content` (special tokens
@@ -819,7 +833,8 @@ class StreamParser:
 
     Release of calls (`stream_arguments`):
       * False (default, fail closed): a call is sent whole (head, then its arguments in one fragment) once its
-        closing marker has been read, so a cut output never puts a partial call on the wire.
+        closing marker has been read and its arguments are a JSON object without a repeated key, so neither a cut
+        output nor an ambiguous call is put on the wire.
       * True: JSON-format arguments stream as they are generated (gemma4 / qwen3_xml arguments are converted, so
         they still arrive in one fragment at the end of their block). With a budgeted mask a call is never cut;
         without one, a cut leaves the partial call sent and `finish_reason` "length" (OpenAI does the same).
@@ -882,8 +897,12 @@ class StreamParser:
         if self._stream_arguments:
             return events
         closed = {e[1] for e in events if e[0] == "close"}
+        args = {e[1]: e[2] for e in events if e[0] == "args"}
         for k, e in enumerate(events):
             if e[0] in ("head", "args") and e[1] not in closed:
+                return events[:k]
+            if e[0] == "head" and not _usable_arguments(args.get(e[1], "")):
+                self._dead = True  # finish() reports the turn as content (see _valid_calls)
                 return events[:k]
         return events
 

@@ -352,6 +352,24 @@ def test_foreign_ids_fail_closed(qwen3_vocab, hermes_auto):
     assert "tool_calls" not in got and got["finish_reason"] == "stop"
 
 
+def test_repeated_argument_key_fails_closed(qwen3_vocab):
+    """A free-form object may repeat an undeclared key (no byte automaton can forbid two equal keys): the turn is in
+    the mask's language, yet the call is ambiguous, so it is not reported — whole or streamed."""
+    put = {"type": "function", "function": {"name": "put", "parameters": {"type": "object"}}}
+    index = compile_index(Policy.from_request(tools=[put], tool_choice="auto"), qwen3_vocab, tool_format="hermes")
+    for args, reported in (('{"a": 1, "b": {"c": 2}}', True), ('{"a": 1, "a": 2}', False), ('{"b": {"c": 1, "c": 2}}', False)):
+        ids = encode(qwen3_vocab, f'<tool_call>\n{{"name": "put", "arguments": {args}}}\n</tool_call><|im_end|>')
+        state = index.start()
+        for t in ids:
+            state.advance(t)
+        assert state.is_accepting(), args  # the mask allows it
+        msg = parse_output(index, ids)
+        got, _ = stream(index, ids)
+        assert ("tool_calls" in msg) == reported == ("tool_calls" in got), (args, msg)
+        if not reported:
+            assert msg["finish_reason"] == got["finish_reason"] == "stop"
+
+
 def test_streaming_deltas_carry_index_and_one_head(qwen3_vocab, hermes_auto):
     """openai/codex#7517: every tool_calls entry has `index`; id/type/name only in the first delta of a call."""
     text = CALL + '\n<tool_call>\n{"name": "get", "arguments": {}}\n</tool_call><|im_end|>'
