@@ -25,8 +25,8 @@ __all__ = ["Engine", "Job", "QueueFull", "RequestTimeout"]
 
 log = logging.getLogger("constrain.serve")
 
-# How long a request waits, past its compile deadline, for the compiler to stop itself and say where it was (it
-# reads the deadline at least every few hundred ms of work: test_budget.py bounds the stop at under a second).
+# How long a request waits, past its compile deadline, for the compiler to stop itself and say where it was (it reads
+# the deadline every 64 units of work: stops seen 0.04-0.5 s after the deadline; the tests bound it at 2 s).
 _CANCEL_GRACE_S = 1.0
 
 DEFAULT_COMPILE_TIMEOUT_S = 30.0  # schema.py's own per-schema budget is 10 s; this bounds the whole policy
