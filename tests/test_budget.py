@@ -526,3 +526,19 @@ def test_one_deadline_bounds_many_slow_tools(qwen3_vocab):
     assert time.monotonic() - deadline.expires_at < _STOP_BOUND_S
     # it stopped inside one tool's schema, and says which
     assert re.fullmatch(r"/tools/\d+/function/parameters(/.*)?", info.value.pointer), info.value.pointer
+
+
+def test_json_schema_and_regex_compiles_take_a_deadline_too(vocab):
+    from constrain.cache import IndexCache
+    from constrain.compiler import compile_json_schema, compile_regex
+
+    cache = IndexCache()
+    cancelled = fa.Deadline()
+    cancelled.cancel()
+    with pytest.raises(fa.BudgetExceeded):
+        compile_json_schema({"type": "string", "maxLength": 3}, vocab, cache=cache, deadline=cancelled)
+    with pytest.raises(fa.BudgetExceeded):
+        compile_regex("[ab]{2}", vocab, cache=cache, deadline=cancelled)
+    assert len(cache) == 0
+    index = compile_regex("[ab]{2}", vocab, cache=cache, deadline=fa.Deadline(60))
+    assert index.dfa.matches(b"ab") and len(cache) == 1
