@@ -185,7 +185,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         check_strict(schema, pointer, True)
     compiler = _Compiler(schema, opts, pointer)
     expr = compiler.value(schema, pointer, ())
-    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer)
+    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers)
     if dfa.is_empty:
         universe = (
             "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
@@ -398,6 +398,11 @@ class _Compiler:
         # than the universe of the complement nests (ref_limit).
         self.negations = 0
         self.ref_limit = opts.max_depth
+        # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
+        # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
+        # a freed one's id could be given to another
+        self.pointers: dict[int, str] = {}
+        self._pointed: list[fa.Expr] = []
         # where each subschema of the request sits: rewritten keywords (`_desugar`) and merged parts still report
         # errors at the subschema's own JSON Pointer
         self._where: dict[int, str] = {}
@@ -474,6 +479,13 @@ class _Compiler:
 
     # -- entry ---------------------------------------------------------------
 
+    def point(self, expr: fa.Expr, pointer: str) -> fa.Expr:
+        """Record `pointer` as where `expr` comes from (the first, innermost, record wins); returns `expr`."""
+        if id(expr) not in self.pointers:
+            self.pointers[id(expr)] = pointer
+            self._pointed.append(expr)
+        return expr
+
     def value(self, schema: Any, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
         """The texts of the values valid against `schema`; `refs` is the stack of `$ref`s being expanded."""
         if time.monotonic() > self.deadline:
@@ -493,7 +505,7 @@ class _Compiler:
         schema, pointer, refs = self.resolve(schema, pointer, refs)
         if schema is None:  # recursion bound reached
             return fa.NOTHING
-        expr = self._value(schema, pointer, refs)
+        expr = self.point(self._value(schema, pointer, refs), pointer)
         # the entry holds the schema itself: merged and rewritten schemas are temporary, and the id of a freed
         # one may be given to the next
         self._memo[key] = (original, expr)
@@ -769,7 +781,7 @@ class _Compiler:
             inner.opts = dataclasses.replace(self.opts, closed_objects=False, relax=False)
             inner.negations = self.negations + 1
             inner.ref_limit = self.opts.max_depth + 1
-            positive = fa.compile(inner.value(operand, pointer, refs + (NOT_MARK,)), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            positive = fa.compile(inner.value(operand, pointer, refs + (NOT_MARK,)), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
         except fa.BudgetExceeded:
             raise
         except UnsupportedSchema as err:
@@ -801,17 +813,17 @@ class _Compiler:
             slots = [(syntax.member(syntax.key(n), inner), False) for n in sorted(rank, key=rank.get)]
             slots.append((syntax.member(syntax.extra_key(others), inner), False))
             values.append(fa.concat(syntax.obj_open, self.members_uncounted(slots, None), syntax.obj_close))
-        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline)
+        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers)
         self._universe_cache[cache_key] = expr
         return expr
 
     def exactly_one(self, exprs: list[fa.Expr], pointer: str) -> fa.Expr:
         """oneOf: the texts in exactly one branch (the union minus every pairwise overlap)."""
-        dfas = [fa.compile(e, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer) for e in exprs]
+        dfas = [fa.compile(e, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer) for e in exprs]
         overlaps = []
         for i in range(len(dfas)):
             for j in range(i + 1, len(dfas)):
-                both = fa.compile(fa.intersect(dfas[i], dfas[j]), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+                both = fa.compile(fa.intersect(dfas[i], dfas[j]), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
                 if not both.is_empty:
                     overlaps.append(both)
         return fa.difference(fa.union(*dfas), fa.union(*overlaps)) if overlaps else fa.union(*dfas)
@@ -864,29 +876,30 @@ class _Compiler:
         for pattern, where in patterns:
             if not isinstance(pattern, str):
                 raise InvalidSchema("'pattern' must be a string", pointer=where)
-            parts.append(_regex.pattern_expr(pattern, pointer=where))
+            parts.append(self.point(_regex.pattern_expr(pattern, pointer=where), where))
         for name, where in formats:
             if not isinstance(name, str):
                 raise InvalidSchema("'format' must be a string", pointer=where)
             if self.negations:
                 # formats are enforced exactly or narrower; under `not` narrower would mean accepting valid values
                 raise UnsupportedSchema(f"'format' {name!r} inside 'not' (or 'if', or 'maxContains') is not supported", pointer=where)
-            parts.append(_formats.format_expr(name, pointer=where))
+            parts.append(self.point(_formats.format_expr(name, pointer=where), where))
         if not parts and not lo and hi is None:
             return ANY_TEXT_ANY_LENGTH
         if not parts:
-            return fa.repeat(fa.ANY_CHAR, lo, hi)
+            return self.point(fa.repeat(fa.ANY_CHAR, lo, hi), join_pointer(pointer, "maxLength" if hi is not None else "minLength"))
         expr = parts[0]
         for part in parts[1:]:
             expr = fa.intersect(expr, part)
         if lo or hi is not None:
             # a pattern or format whose own lengths already lie within the bounds needs no length counter (the
             # product with one costs up to (states x maxLength) states: e.g. format email with maxLength 1024)
-            shape = fa.compile(expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            shape = fa.compile(expr, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             shortest, longest = char_length_range(shape)
             if shortest >= lo and longest is not None and (hi is None or longest <= hi):
                 return shape
-            expr = fa.intersect(shape, fa.repeat(fa.ANY_CHAR, lo, hi))
+            counter = fa.repeat(fa.ANY_CHAR, lo, hi)
+            expr = fa.intersect(shape, self.point(counter, join_pointer(pointer, "maxLength" if hi is not None else "minLength")))
         return expr
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
@@ -971,9 +984,9 @@ class _Compiler:
             checker = self.nested(JsonSyntax("compact"))
             if _mentions_not(rest):
                 checker = checker.ranked([self.root, rest])
-            check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+            check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             kept = [v for v in values if check.matches(_canonical_text(v, checker.key_rank).encode())]
-        return fa.union(*(self.literal_value(v) for v in kept))
+        return self.point(fa.union(*(self.literal_value(v) for v in kept)), join_pointer(pointer, "enum" if "enum" in schema else "const"))
 
     def any_value(self, depth: int) -> fa.Expr:
         """Any JSON value in this syntax, arrays and objects nested at most `depth` levels."""
@@ -999,7 +1012,7 @@ class _Compiler:
                 slots = [(container.member(container.key(n), inner), False) for n in sorted(rank, key=rank.get)]
                 members = inner_compiler.nested(container).members_uncounted(slots, container.member(container.extra_key(others), inner))
             values += [fa.concat(container.arr_open, items, container.arr_close), fa.concat(container.obj_open, members, container.obj_close)]
-        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline)
+        expr = fa.compile(fa.union(*values), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers)
         self._any_cache[cache_key] = expr
         return expr
 
@@ -1050,7 +1063,8 @@ class _Compiler:
             if i >= len(prefix_exprs):
                 more_lo = max(lo - i, 0)
                 more_hi = None if hi is None else hi - i
-                return fa.repeat(fa.concat(sep, rest), more_lo, more_hi)
+                counted = fa.repeat(fa.concat(sep, rest), more_lo, more_hi)
+                return self.point(counted, join_pointer(pointer, "maxItems" if hi is not None else "minItems"))
             step = fa.concat(sep, prefix_exprs[i], tail(i + 1))
             return step if i < lo else fa.optional(step)
 
@@ -1163,7 +1177,7 @@ class _Compiler:
             names_pointer = join_pointer(pointer, "propertyNames")
             try:
                 names_expr = self.property_names(names_schema, names_pointer)
-                names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+                names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             except UnsupportedSchema as err:
                 if isinstance(err, fa.BudgetExceeded) or syntax_name(self.syntax) != "json":
                     raise
@@ -1172,7 +1186,7 @@ class _Compiler:
                 names_expr = None
                 key_texts = fa.compile(
                     self.nested(JsonSyntax("compact")).value(names_schema, names_pointer, refs),
-                    max_states=self.opts.max_states, deadline=self.deadline, pointer=names_pointer,
+                    max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=names_pointer,
                 )
         absent = set(schema.get("_absent", ()))
         syntax = self.syntax
@@ -1238,7 +1252,7 @@ class _Compiler:
             split = []
             for keys, matched in regions:
                 for part, now in ((fa.intersect(keys, dfa), matched | {i}), (fa.difference(keys, dfa), matched)):
-                    part = fa.compile(part, max_states=self.opts.max_states, deadline=self.deadline, pointer=pointer)
+                    part = fa.compile(part, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
                     if not part.is_empty:
                         split.append((part, now))
             regions = split
@@ -1277,7 +1291,7 @@ class _Compiler:
         out = []
         for pattern, sub in entries.items():
             where = join_pointer(pointer, "patternProperties", pattern)
-            dfa = fa.compile(_regex.pattern_expr(pattern, pointer=where), max_states=self.opts.max_states, deadline=self.deadline, pointer=where)
+            dfa = fa.compile(_regex.pattern_expr(pattern, pointer=where), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=where)
             out.append((dfa, sub, where))
         return out
 
