@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240  # import torch + transformers, load, warm up the mask kernel; all servers start at once
@@ -67,6 +70,33 @@ class Server:
                 self.proc.wait(5)
         if getattr(self, "_log", None):
             self._log.close()
+
+
+def require_demo_model() -> None:
+    """Build (once) the embedded demo model; its missing assets fail the test in CI and skip it elsewhere."""
+    from constrain.demo_model import ensure_demo_model
+
+    try:
+        ensure_demo_model()
+    except FileNotFoundError as err:
+        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+
+
+@contextlib.contextmanager
+def demo_server(name: str, args: list[str], log_dir: Path, *, default_host: bool = False) -> Iterator[Server]:
+    """A ready `constrain serve ARGS` on the demo model, stopped on exit; `default_host` leaves out `--host`."""
+    require_demo_model()
+    s = Server(name, args, log_dir)
+    if default_host:
+        i = s.args.index("--host")
+        del s.args[i:i + 2]
+    s.start()
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
 
 
 def text_only_model(dest: Path) -> Path:

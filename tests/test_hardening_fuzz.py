@@ -9,14 +9,13 @@ dead server. Examples are derandomized, so CI replays the same bodies each run.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import (Server, check_message, error_of, http, message_of_completion, message_of_events, post_chat,
+from server_utils import (Server, demo_server, check_message, error_of, http, message_of_completion, message_of_events, post_chat,
                           sse_events)
 
 MAX_BODY = 256 * 1024  # the server runs with --max-body-bytes MAX_BODY, so oversized bodies are fuzzed too
@@ -40,20 +39,8 @@ FIELDS = sorted(set(BASE) | {"stream", "stream_options", "response_format", "par
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from constrain.demo_model import ensure_demo_model
-
-    try:
-        ensure_demo_model()
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    s = Server("fuzz", ["--constrained-tools", "--max-body-bytes", str(MAX_BODY)], tmp_path_factory.mktemp("fuzz"))
-    s.start()
-    try:
-        s.wait_ready()
+    with demo_server("fuzz", ["--constrained-tools", "--max-body-bytes", str(MAX_BODY)], tmp_path_factory.mktemp("fuzz")) as s:
         yield s
-    finally:
-        s.stop()
     print(f"\nbodies fuzzed: {TRIED} = {sum(TRIED.values())}")
 
 

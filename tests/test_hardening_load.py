@@ -7,11 +7,10 @@ Latency and throughput are printed here and measured at scale by `benchmarks/loa
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from server_utils import Server, run_load, stats_of
+from server_utils import demo_server, run_load, stats_of
 
 CLIENTS, PER_CLIENT, MAX_TOKENS = 32, 3, 32
 CACHE_BYTES = 40 << 20  # holds the load run's 10 compiled policies (~3 MB each), not the warm-up's 20
@@ -23,21 +22,9 @@ RSS_GROWTH_BOUND = 256 << 20  # a leak per request (a kept job, index or KV cach
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from constrain.demo_model import ensure_demo_model
-
-    try:
-        ensure_demo_model()
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    s = Server("load", ["--constrained-tools", "--max-queue", str(CLIENTS * 2), "--cache-max-bytes", str(CACHE_BYTES)],
-               tmp_path_factory.mktemp("load"))
-    s.start()
-    try:
-        s.wait_ready()
+    with demo_server("load", ["--constrained-tools", "--max-queue", str(CLIENTS * 2), "--cache-max-bytes", str(CACHE_BYTES)],
+                     tmp_path_factory.mktemp("load")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_concurrent_mixed_load(server):

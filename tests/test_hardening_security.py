@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from server_utils import ROOT, Server, error_of, http, post_chat
+from server_utils import ROOT, demo_server, error_of, http, post_chat
 
 KEY = "sk-hardening"
 LIMIT = 64 * 1024
@@ -24,23 +24,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`constrain serve` with no --host (the default must be loopback), an API key and a 64 KiB body bound."""
-    from constrain.demo_model import ensure_demo_model
-
-    try:
-        ensure_demo_model()
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    s = Server("security", ["--api-key", KEY, "--max-body-bytes", str(LIMIT), "--constrained-tools"],
-               tmp_path_factory.mktemp("security"))
-    i = s.args.index("--host")
-    del s.args[i:i + 2]
-    s.start()
-    try:
-        s.wait_ready()
+    with demo_server("security", ["--api-key", KEY, "--max-body-bytes", str(LIMIT), "--constrained-tools"],
+                     tmp_path_factory.mktemp("security"), default_host=True) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def listening_addresses(port: int) -> set[str]:

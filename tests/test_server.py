@@ -11,7 +11,6 @@ server these checks are the fail-closed guarantee; on the constrained one, requi
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ import starlette  # noqa: E402,F401
 import uvicorn  # noqa: E402,F401
 
 import constrain  # noqa: E402
-from server_utils import chain_tool_turns, Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
+from server_utils import chain_tool_turns, require_demo_model, Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
 
 KEY = "sk-test-constrain"
 SEEDS = (0, 1, 2)
@@ -77,13 +76,7 @@ MODES = {
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from constrain.demo_model import ensure_demo_model
-
-    try:
-        ensure_demo_model()  # once, before three processes would race to build it
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    require_demo_model()  # once, before three processes would race to build it
     d = tmp_path_factory.mktemp("serve")
     text_dir = text_only_model(d / "textonly-model")
     found = {
