@@ -87,6 +87,11 @@ def _policy_of(constraint: Mapping[str, Any]) -> Any:
     return Policy.from_request({k: v for k, v in constraint.items() if k in REQUEST_FIELDS})
 
 
+COMPILE_TIMEOUT_S = 30.0
+"""Seconds one request's constraint may take to compile in the worker (as `constrain serve --compile-timeout`);
+past it the compile stops (`BudgetExceeded`) and the request may only end, never run unconstrained."""
+
+
 class _RequestState:
     """One constrained request: its cursor, how many of its output tokens were fed, and its `max_tokens`."""
 
@@ -334,10 +339,15 @@ class ConstrainLogitsProcessor(*_BASES):
             return self._failed_request(params, output_ids)
         if constraint is None:
             return None
+        from constrain.automaton import Deadline
         from constrain.compiler import compile_index
 
+        deadline = Deadline(COMPILE_TIMEOUT_S)
         try:
-            index = compile_index(_policy_of(constraint), self._vocabulary(), tool_format=constraint["tool_format"])
+            with deadline.active():
+                index = compile_index(_policy_of(constraint), self._vocabulary(), tool_format=constraint["tool_format"],
+                                      deadline=deadline)
+                index.min_tokens_from_start()  # the budget table `_RequestState` reads, under the same deadline
         except ConstrainError as err:
             _log.error("constrain: the constraint does not compile for this model's vocabulary (%s at %s); "
                        "the request may only end", err, getattr(err, "pointer", ""))

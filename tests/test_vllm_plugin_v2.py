@@ -282,6 +282,23 @@ def test_format_missing_from_vocabulary_may_only_end(runner_factory, llama3_voca
     assert set(allowed(masked[0])) == set(llama3_vocab.eos_ids)
 
 
+def test_compile_past_its_deadline_may_only_end(runner_factory, llama3_vocab, monkeypatch):
+    """A constraint that does not compile within `COMPILE_TIMEOUT_S` stops there and the request may only end."""
+    import constrain.vllm_plugin as plugin
+
+    monkeypatch.setattr(plugin, "COMPILE_TIMEOUT_S", 0.0)
+    fresh = {"type": "function", "function": {"name": "deadline_probe", "parameters": {  # not in the index cache
+        "type": "object", "properties": {"q": {"type": "string", "pattern": "^[a-z]{1,40}$"}}, "required": ["q"]}}}
+    run = runner_factory()
+    assert run.add(0, request(tools=(fresh,)))
+    _, masked = run.apply([0])
+    assert set(allowed(masked[0])) == set(llama3_vocab.eos_ids)
+    monkeypatch.setattr(plugin, "COMPILE_TIMEOUT_S", 30.0)
+    run.add(1, request(tools=(fresh,)))  # within the deadline the same constraint compiles and masks
+    _, masked = run.apply([1])
+    np.testing.assert_array_equal(allowed(masked[0]), expected(index_of(request(tools=(fresh,)), llama3_vocab).start(), 63))
+
+
 def test_padding_past_the_tokenizer_is_masked(llama3_vocab):
     wide = constrain.Vocabulary(llama3_vocab.token_bytes, special_ids=llama3_vocab.special_ids,
                                 eos_ids=llama3_vocab.eos_ids, vocab_size=llama3_vocab.vocab_size + 70)
