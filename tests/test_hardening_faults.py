@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import re
 import signal
 import socket
@@ -21,7 +20,7 @@ import weakref
 import pytest
 
 from server_utils import (Server, check_message, error_of, free_port, message_of_completion, post_chat,
-                          sse_events)
+                          require_demo_model, sse_events)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}]
@@ -29,16 +28,6 @@ BODY = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": 
         "max_tokens": 48, "seed": 0, "chat_template_kwargs": {"enable_thinking": False}}
 LONG = {"messages": [{"role": "user", "content": "Tell me a story."}], "tool_choice": "none", "max_tokens": 3000,
         "temperature": 1.0, "seed": 0, "chat_template_kwargs": {"enable_thinking": False}}
-
-
-def demo_or_skip() -> None:
-    from constrain.demo_model import ensure_demo_model
-
-    try:
-        ensure_demo_model()
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +40,7 @@ def live():
 
     import torch
 
-    demo_or_skip()
+    require_demo_model()
     threads = torch.get_num_threads()  # the demo engine sets 1 for the process; later tests get theirs back
     engine = Engine.load(None, constrained=True, max_queue=8, timeout=60)
     port = free_port()
@@ -332,7 +321,7 @@ def read_all(sock: socket.socket) -> bytes:
 
 @pytest.fixture
 def subprocess_server(tmp_path):
-    demo_or_skip()
+    require_demo_model()
     made: list[Server] = []
 
     def make(name: str, args: list[str]) -> Server:

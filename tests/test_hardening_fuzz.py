@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import (Server, demo_server, check_message, error_of, http, message_of_completion, message_of_events, post_chat,
-                          sse_events)
+from server_utils import (Server, check_message, demo_server, error_of, http, message_of_completion, message_of_events,
+                          post_chat, sse_events)
 
 MAX_BODY = 256 * 1024  # the server runs with --max-body-bytes MAX_BODY, so oversized bodies are fuzzed too
 EXAMPLES = {"mutations": 250, "bytes": 120, "deep": 40}
@@ -39,7 +39,8 @@ FIELDS = sorted(set(BASE) | {"stream", "stream_options", "response_format", "par
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with demo_server("fuzz", ["--constrained-tools", "--max-body-bytes", str(MAX_BODY)], tmp_path_factory.mktemp("fuzz")) as s:
+    args = ["--constrained-tools", "--max-body-bytes", str(MAX_BODY)]
+    with demo_server("fuzz", args, tmp_path_factory.mktemp("fuzz")) as s:
         yield s
     print(f"\nbodies fuzzed: {TRIED} = {sum(TRIED.values())}")
 

@@ -22,8 +22,8 @@ RSS_GROWTH_BOUND = 256 << 20  # a leak per request (a kept job, index or KV cach
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with demo_server("load", ["--constrained-tools", "--max-queue", str(CLIENTS * 2), "--cache-max-bytes", str(CACHE_BYTES)],
-                     tmp_path_factory.mktemp("load")) as s:
+    args = ["--constrained-tools", "--max-queue", str(CLIENTS * 2), "--cache-max-bytes", str(CACHE_BYTES)]
+    with demo_server("load", args, tmp_path_factory.mktemp("load")) as s:
         yield s
 
 

@@ -7,12 +7,11 @@ the demo model's 4096-token context refuses such prompts before anything compile
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
-from server_utils import Server, check_message, error_of, message_of_completion, post_chat
+from server_utils import Server, check_message, demo_server, error_of, message_of_completion, post_chat
 
 USER = [{"role": "user", "content": "Go."}]
 OUTCOMES: list[tuple[str, int, str, float]] = []  # (case, status, code or "ok", seconds), printed at teardown
@@ -76,20 +75,10 @@ TOOL_CASES = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from constrain.demo_model import ensure_demo_model
-
     try:
-        ensure_demo_model()
-    except FileNotFoundError as err:
-        message = f"demo model assets: {err} (fix: `python -m constrain.assets fetch`)"
-        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    s = Server("schemas", ["--constrained-tools"], tmp_path_factory.mktemp("schemas"))
-    s.start()
-    try:
-        s.wait_ready()
-        yield s
+        with demo_server("schemas", ["--constrained-tools"], tmp_path_factory.mktemp("schemas")) as s:
+            yield s
     finally:
-        s.stop()
         print("\npathological schemas (case, status, outcome, seconds):")
         for row in OUTCOMES:
             print(f"  {row[0]:32s} {row[1]}  {row[2]:26s} {row[3]:6.2f}")
@@ -207,10 +196,7 @@ def test_index_build_past_the_compile_budget_is_refused(tmp_path):
     schema = one({"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]})
     body = {"messages": USER, "tools": [tool("intersected_patterns", schema)], "tool_choice": "required",
             "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}}
-    s = Server("compile-budget", ["--constrained-tools", "--compile-timeout", "5"], tmp_path)
-    s.start()
-    try:
-        s.wait_ready()
+    with demo_server("compile-budget", ["--constrained-tools", "--compile-timeout", "5"], tmp_path) as s:
         t0 = time.monotonic()
         status, data = send(s, "allOf_10_patterns (5 s compile budget)", body)
         answered = time.monotonic() - t0
@@ -222,5 +208,3 @@ def test_index_build_past_the_compile_budget_is_refused(tmp_path):
         while stats_of(s.port)["compiles"]["running"]:
             assert time.monotonic() < stop_by, "the compile ran on after its budget"
             time.sleep(0.1)
-    finally:
-        s.stop()
