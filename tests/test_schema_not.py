@@ -148,11 +148,7 @@ def test_dependencies_draft7():
 
 @pytest.mark.parametrize("schema", [c for c in CASES if "not" in json.dumps(c)][:12])
 def test_random_walks_are_valid(schema):
-    try:
-        dfa = compile_schema(schema).dfa
-    except UnsupportedSchema:
-        return
-    assert walk_violations(schema, dfa, 200) == []
+    assert walk_violations(schema, compile_schema(schema).dfa, 200) == []
 
 
 def test_not_numbers_are_written_canonically():
