@@ -853,6 +853,7 @@ class StreamParser:
         self._stream_arguments = bool(stream_arguments)
         self._sent: list[Event] = []
         self._dead = False  # the readings ran out: send nothing more until finish
+        self._usable: dict[int, bool] = {}  # closed call index -> its arguments are usable
         self.finish_reason: str | None = None
 
     def feed(self, token_id: int) -> list[dict[str, Any]]:
@@ -901,10 +902,17 @@ class StreamParser:
         for k, e in enumerate(events):
             if e[0] in ("head", "args") and e[1] not in closed:
                 return events[:k]
-            if e[0] == "head" and not _usable_arguments(args.get(e[1], "")):
+            if e[0] == "head" and not self._closed_call_usable(e[1], args.get(e[1], "")):
                 self._dead = True  # finish() reports the turn as content (see _valid_calls)
                 return events[:k]
         return events
+
+    def _closed_call_usable(self, i: int, arguments: str) -> bool:
+        """`_usable_arguments` of closed call `i`, parsed once (a closed call's arguments no longer change)."""
+        usable = self._usable.get(i)
+        if usable is None:
+            usable = self._usable[i] = _usable_arguments(arguments)
+        return usable
 
     def _send(self, events: list[Event]) -> list[dict[str, Any]]:
         sent = self._sent
