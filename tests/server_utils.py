@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 240  # import torch + transformers, load, warm up the mask kernel; all servers start at once
 
 
+REPLY_FORMAT = {"type": "json_schema", "json_schema": {"name": "reply", "strict": True, "schema": {
+    "type": "object", "additionalProperties": False, "required": ["answer", "confidence"],
+    "properties": {"answer": {"type": "string", "maxLength": 16},
+                   "confidence": {"type": "number", "minimum": 0, "maximum": 1}}}}}
+"""A strict `response_format` the server tests ask for (a short answer and a confidence in [0, 1])."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

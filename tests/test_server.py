@@ -23,7 +23,7 @@ import starlette  # noqa: E402,F401
 import uvicorn  # noqa: E402,F401
 
 import constrain  # noqa: E402
-from server_utils import chain_tool_turns, require_demo_model, Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
+from server_utils import REPLY_FORMAT, chain_tool_turns, require_demo_model, Server, raw_sse, reassemble, text_only_model, whole, without_ids  # noqa: E402
 
 KEY = "sk-test-constrain"
 SEEDS = (0, 1, 2)
@@ -314,13 +314,9 @@ def test_strict_nested_schema(served):
 
 def test_response_format_json_schema(served):
     name, client = served
-    schema = {"type": "object", "additionalProperties": False, "required": ["answer", "confidence"],
-              "properties": {"answer": {"type": "string", "maxLength": 16},
-                             "confidence": {"type": "number", "minimum": 0, "maximum": 1}}}
     for seed in SEEDS:
         body = {"messages": USER, "max_tokens": 64, "seed": seed, **NO_THINK,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema,
-                                                                            "strict": True}}}
+                "response_format": REPLY_FORMAT}
         _, msg = ask(client, body, constrained=name == "constrained")
         assert not msg.tool_calls
 

@@ -19,7 +19,7 @@ import pytest
 import jsonschema  # noqa: E402,F401  (test extra: a missing package is an install error, never a skip)
 import openai  # noqa: E402
 
-from server_utils import chain_tool_turns, Server, reassemble, whole, without_ids  # noqa: E402
+from server_utils import REPLY_FORMAT, chain_tool_turns, Server, reassemble, whole, without_ids  # noqa: E402
 from test_server import (  # noqa: E402  (the same contract and request bodies as the hermes servers)
     INVALID, MODES, STRICT_NESTED, TOOLS, USER, check, create)
 
@@ -191,13 +191,9 @@ def test_strict_nested_schema(client):
 
 
 def test_response_format_json_schema(client):
-    schema = {"type": "object", "additionalProperties": False, "required": ["answer", "confidence"],
-              "properties": {"answer": {"type": "string", "maxLength": 16},
-                             "confidence": {"type": "number", "minimum": 0, "maximum": 1}}}
     for seed in SEEDS:
         body = {"messages": USER, "max_tokens": 64, "seed": seed, **NO_THINK,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema,
-                                                                            "strict": True}}}
+                "response_format": REPLY_FORMAT}
         _, msg = ask(client, body)
         assert not msg.tool_calls
 
