@@ -315,7 +315,10 @@ def _item_schema(schema: dict, i: int) -> Any:
 
 
 def number_text(x: int | float) -> str:
-    """A number in the writing rules: integral values without a fraction, never an exponent."""
+    """A number in the writing rules: integral values without a fraction, never an exponent.
+
+    Kept apart from `constrain.numbers.canonical_text` on purpose: the compiler spells enum values with that function,
+    and the instances it is judged on must not be written by the code under test."""
     if isinstance(x, int):
         return str(x)
     if not math.isfinite(x):
