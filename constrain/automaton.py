@@ -1,7 +1,8 @@
-"""Byte automata: expressions over bytes (plus opaque special symbols) compiled to minimal DFAs.
+"""Byte automata: expressions over bytes (plus opaque special symbols) compiled to deterministic automata.
 
 In: expression trees built with `literal`, `byte_set`, `chars`, `concat`, `union`, `repeat`, ...
-Out: an immutable, trimmed, minimised `Dfa` whose alphabet is partitioned into symbol classes.
+Out: an immutable, trimmed `Dfa` whose alphabet is partitioned into symbol classes; minimal when determinised whole,
+and built from minimal parts when large parts are glued side by side (see "Composition of compiled parts").
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def text_without(forbidden: bytes, alphabet: Expr = ANY_CHAR) -> Expr:
 
 
 class Dfa(Expr):
-    """A deterministic, trimmed, minimised automaton. Immutable; also usable as an expression.
+    """A deterministic, trimmed automaton (minimal, or glued from minimal parts: see `compile`). Immutable; also
+    usable as an expression.
 
     Symbols 0..255 are bytes; symbol 256+i is the opaque special symbol `specials[i]`.
     `transitions[s, class_of[symbol]]` is the next state or -1 (dead). Every state is reachable
@@ -654,7 +656,11 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     first = closure([start])
     ids: dict[frozenset, int] = {first: 0}
     order = [first]
-    rows: list[list[int]] = []
+    # live transitions as (state, class, target) triples: most states step on a few of many classes (a literal's
+    # chain state on one), so a dense row per state would mostly be filled with -1 and converted element by element
+    src_of: list[int] = []
+    class_of_edge: list[int] = []
+    target_of: list[int] = []
     i = 0
     while i < len(order):
         current = order[i]
@@ -689,7 +695,7 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
                     else:
                         cur |= ts
             groups = [((c,), ts) for c, ts in targets.items()]
-        row = [-1] * n_classes
+        here = i - 1
         for classes, ts in groups:
             nxt = closure(ts)
             j = ids.get(nxt)
@@ -698,11 +704,12 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
                 ids[nxt] = j
                 order.append(nxt)
                 budget.check(j)
-            for c in classes:
-                row[c] = j
-        rows.append(row)
+            class_of_edge.extend(classes)
+            src_of.extend([here] * len(classes))
+            target_of.extend([j] * len(classes))
     accepting = np.array([final in s for s in order], dtype=bool)
-    transitions = np.array(rows, dtype=np.int32).reshape(len(rows), n_classes)
+    transitions = np.full((len(order), n_classes), -1, np.int32)
+    transitions[np.array(src_of, np.int64), np.array(class_of_edge, np.int64)] = np.array(target_of, np.int32)
     return _finish(transitions, accepting, class_of, nfa.specials, 0, budget)
 
 
@@ -711,8 +718,35 @@ def _closure_of(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n:
     return _levels_from(seeds, start, neighbours, n) >= 0
 
 
+_SCALAR_BFS_MAX = 1 << 15  # states up to which a breadth-first search runs on Python lists (see `_levels_from`)
+
+
 def _levels_from(seeds: np.ndarray, start: np.ndarray, neighbours: np.ndarray, n: int, budget: _Budget | None = None) -> np.ndarray:
-    """int64 [n]: the fewest edges from a seed along the CSR graph (start, neighbours); -1 where unreachable."""
+    """int64 [n]: the fewest edges from a seed along the CSR graph (start, neighbours); -1 where unreachable.
+
+    One numpy pass per level suits wide graphs; JSON automata are deep (a literal is a chain of states: required_50
+    has ~300 levels), so small graphs are searched on Python lists after dropping parallel edges (one per class)."""
+    if n <= _SCALAR_BFS_MAX:
+        owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(start))
+        pairs = np.unique(owner * n + neighbours)
+        src, dst = pairs // n, pairs % n
+        bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
+        targets = dst.tolist()
+        out = [-1] * n
+        frontier = [int(x) for x in np.asarray(seeds).tolist()]
+        for x in frontier:
+            out[x] = 0
+        d = 0
+        while frontier:
+            d += 1
+            nxt = []
+            for x in frontier:
+                for t in targets[bounds[x]:bounds[x + 1]]:
+                    if out[t] < 0:
+                        out[t] = d
+                        nxt.append(t)
+            frontier = nxt
+        return np.array(out, np.int64)
     level = np.full(n, -1, np.int64)
     level[seeds] = 0
     frontier = np.asarray(seeds, dtype=np.int64)
@@ -963,12 +997,366 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     return _finish(transitions, accepting, class_of, specials, 0, budget)
 
 
+# ---------------------------------------------------------------------------
+# Composition of compiled parts (no determinisation of the whole)
+# ---------------------------------------------------------------------------
+#
+# A bounded repetition embeds its body's DFA once per copy into the NFA, and determinising that NFA walks every copy
+# again (parallel_1to5_of_5: a 2,012-state array of five 400-state calls, 60 % of its compile). When the parts meet
+# cleanly -- no accepting state of the left part continues with a byte the right part may start with -- the DFA of
+# their concatenation is the two DFAs side by side, the left part's accepting states also taking the right part's
+# first step: no subset construction is needed, and that holds for the JSON texts and tool-call envelopes this
+# library builds (an object ends at its `}`, a number is followed by `,` or `}`). Parts that overlap fall back to the
+# NFA. Glued automata are trimmed but not minimised again: two states of different parts may have equal languages.
+
+_COMPOSE_MIN = 64  # estimated NFA size of a part from which it is compiled on its own and glued
+
+
+def _size(expr: Expr, sizes: dict[int, int]) -> int:
+    """An estimate of the NFA `expr` builds (symbol edges; a DFA counts its states), memoised by identity."""
+    hit = sizes.get(id(expr))
+    if hit is not None:
+        return hit
+    if isinstance(expr, (_Bytes, _Special)):
+        size = 1
+    elif isinstance(expr, Dfa):
+        size = expr.n_states
+    elif isinstance(expr, (_Concat, _Union)):
+        size = 1 + sum(_size(p, sizes) for p in expr.parts)
+    elif isinstance(expr, _Repeat):
+        size = 1 + _size(expr.body, sizes) * (expr.lo + (1 if expr.hi is None else expr.hi - expr.lo))
+    elif isinstance(expr, (_Intersect, _Difference)):
+        size = _size(expr.a, sizes) + _size(expr.b, sizes)
+    elif isinstance(expr, _Substitute):
+        size = _size(expr.body, sizes) + sum(_size(e, sizes) for _, e in expr.mapping)
+    else:
+        raise TypeError(f"not an automaton expression: {expr!r}")
+    sizes[id(expr)] = size
+    return size
+
+
+def _first(expr: Expr, firsts: dict[int, tuple[int, bool]]) -> tuple[int, bool]:
+    """(symbols a string of `expr` may start with, as a mask over bytes and 256+special ids -- a superset --, whether
+    `expr` accepts the empty string), memoised by identity."""
+    hit = firsts.get(id(expr))
+    if hit is not None:
+        return hit
+    if isinstance(expr, _Bytes):
+        out = (expr.mask, False)
+    elif isinstance(expr, _Special):
+        out = (1 << (N_BYTES + expr.symbol_id), False)
+    elif isinstance(expr, Dfa):
+        mask = 0
+        if not expr.is_empty:
+            live = expr.transitions[expr.start] >= 0
+            for symbol in np.flatnonzero(live[expr.class_of[:N_BYTES]]).tolist():
+                mask |= 1 << symbol
+            for i, sid in enumerate(expr.specials):
+                if live[expr.class_of[N_BYTES + i]]:
+                    mask |= 1 << (N_BYTES + sid)
+        out = (mask, not expr.is_empty and bool(expr.accepting[expr.start]))
+    elif isinstance(expr, _Concat):
+        mask, nullable = 0, True
+        for part in expr.parts:
+            m, n = _first(part, firsts)
+            mask |= m
+            if not n:
+                nullable = False
+                break
+        out = (mask, nullable)
+    elif isinstance(expr, _Union):
+        mask, nullable = 0, False
+        for part in expr.parts:
+            m, n = _first(part, firsts)
+            mask, nullable = mask | m, nullable or n
+        out = (mask, nullable)
+    elif isinstance(expr, _Repeat):
+        m, n = _first(expr.body, firsts)
+        out = (m, n or expr.lo == 0)
+    elif isinstance(expr, (_Intersect, _Difference)):
+        m, n = _first(expr.a, firsts)
+        out = (m, n)
+    elif isinstance(expr, _Substitute):
+        out = (-1, True)  # any symbol (a mask with every bit set), perhaps empty
+    else:
+        raise TypeError(f"not an automaton expression: {expr!r}")
+    firsts[id(expr)] = out
+    return out
+
+
+class _Glued:
+    """A trimmed DFA under construction over a shared class alphabet: `table[s, c]` is a target or -1."""
+
+    __slots__ = ("table", "accepting", "start")
+
+    def __init__(self, table: np.ndarray, accepting: np.ndarray, start: int):
+        self.table, self.accepting, self.start = table, accepting, start
+
+    def __len__(self) -> int:
+        return self.table.shape[0]
+
+
+def _aligned(dfas: Sequence[Dfa]) -> tuple[tuple[int, ...], np.ndarray, list[_Glued]]:
+    """The DFAs over one class alphabet refining all of theirs: `(specials, class_of, glued parts)`."""
+    specials = tuple(sorted(set().union(*(d.specials for d in dfas))))
+    n_symbols = N_BYTES + len(specials)
+    classes = np.empty((len(dfas), n_symbols), np.int64)
+    for i, d in enumerate(dfas):
+        row = classes[i]
+        row[:] = d.n_classes  # the dead column appended below
+        row[:N_BYTES] = d.class_of[:N_BYTES]
+        for j, sid in enumerate(specials):
+            symbol = d.special_symbol(sid)
+            if symbol >= 0:
+                row[N_BYTES + j] = d.class_of[symbol]
+    columns, class_of = _unique_rows(classes.T)
+    parts = []
+    for i, d in enumerate(dfas):
+        table = np.concatenate([d.transitions, np.full((d.n_states, 1), -1, np.int32)], axis=1)
+        parts.append(_Glued(table[:, columns[:, i]], d.accepting, d.start))
+    return specials, class_of.astype(np.int32), parts
+
+
+def _without_unentered(g: _Glued, state: int) -> _Glued:
+    """`g` less `state` when no transition enters it and it is not the start (it became unreachable)."""
+    if state == g.start or (g.table == state).any():
+        return g
+    table = np.delete(g.table, state, axis=0)
+    table = np.where(table > state, table - 1, table)
+    return _Glued(table, np.delete(g.accepting, state), g.start - (g.start > state))
+
+
+def _glue(a: _Glued, b: _Glued) -> _Glued | None:
+    """a·b side by side, or None when an accepting state of `a` continues with a class `b` may start with."""
+    final = np.flatnonzero(a.accepting)
+    first = b.table[b.start] >= 0
+    out = a.table[final]
+    if ((out >= 0) & first).any():
+        return None
+    n = len(a)
+    tb = np.where(b.table >= 0, b.table + n, -1).astype(np.int32)
+    table = np.concatenate([a.table, tb])
+    table[final] = np.where(out >= 0, out, tb[b.start])
+    accepting = np.concatenate([np.zeros(n, bool), b.accepting])
+    accepting[final] = b.accepting[b.start]
+    return _without_unentered(_Glued(table, accepting, a.start), n + b.start)
+
+
+def _optional(g: _Glued) -> _Glued:
+    """g or nothing: a fresh accepting start state stepping like the old one."""
+    if g.accepting[g.start]:
+        return g
+    table = np.concatenate([g.table, g.table[g.start][None]])
+    accepting = np.concatenate([g.accepting, [True]])
+    return _without_unentered(_Glued(table, accepting, len(g)), g.start)
+
+
+def _star(g: _Glued) -> _Glued | None:
+    """g*, or None when an accepting state of `g` continues with a class `g` may start with."""
+    final = np.flatnonzero(g.accepting)
+    first = g.table[g.start] >= 0
+    out = g.table[final]
+    if ((out >= 0) & first).any():
+        return None
+    table = g.table.copy()
+    table[final] = np.where(out >= 0, out, g.table[g.start])
+    return _optional(_Glued(table, g.accepting, g.start)) if not g.accepting[g.start] else _Glued(table, g.accepting, g.start)
+
+
+def _glue_all(parts: Sequence[_Glued], budget: _Budget) -> _Glued | None:
+    out = parts[0]
+    for part in parts[1:]:
+        out = _glue(out, part)
+        if out is None:
+            return None
+        budget.check(len(out))
+    return out
+
+
+def _repeated(body: _Glued, lo: int, hi: int | None, budget: _Budget) -> _Glued | None:
+    """body{lo,hi} by gluing copies, or None when copies would overlap."""
+    empty = _Glued(np.full((1, body.table.shape[1]), -1, np.int32), np.ones(1, bool), 0)
+    if hi is None:
+        tail = _star(body)
+    else:
+        tail = empty
+        for _ in range(hi - lo):
+            tail = _glue(body, tail)
+            if tail is None:
+                return None
+            tail = _optional(tail)
+            budget.check(len(tail))
+    if tail is None:
+        return None
+    return _glue_all([body] * lo + [tail], budget)
+
+
+def _loop(x: _Glued, sep: _Glued) -> _Glued | None:
+    """x (sep x)*, one copy of x: sep's accepting states lead back into x's start. None when the parts overlap or
+    `sep` continues after accepting (its accepting states could not be x's start)."""
+    if (sep.table[sep.accepting] >= 0).any() or sep.accepting[sep.start]:
+        return None
+    glued = _glue(x, sep)  # x's accepting states now also step into sep (its start dropped when nothing enters it)
+    if glued is None:
+        return None
+    n = len(x)
+    final = np.flatnonzero(glued.accepting)  # sep's accepting states (sep cannot accept at its start)
+    table = glued.table
+    redirect = np.arange(len(glued) + 1, dtype=np.int32)
+    redirect[final] = x.start
+    redirect[-1] = -1
+    table = redirect[table]
+    accepting = glued.accepting.copy()
+    accepting[np.flatnonzero(x.accepting)] = True
+    keep = np.ones(len(glued), bool)
+    keep[final] = False
+    renumber = np.cumsum(keep) - 1
+    renumber = np.append(np.where(keep, renumber, -1), -1).astype(np.int32)
+    del n
+    return _Glued(renumber[table[keep]], accepting[keep], int(renumber[glued.start]))
+
+
+def _disjoint_union(parts: Sequence[_Glued]) -> _Glued | None:
+    """Any one of the parts, when no two start states step on a common class (else None): the parts side by side
+    under a fresh start state stepping like all of theirs."""
+    starts = np.stack([p.table[p.start] for p in parts])
+    if ((starts >= 0).sum(axis=0) > 1).any():
+        return None
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    tables = [np.where(p.table >= 0, p.table + off, -1).astype(np.int32) for p, off in zip(parts, offsets)]
+    first = np.max(np.stack([t[p.start] for t, p in zip(tables, parts)]), axis=0)
+    table = np.concatenate(tables + [first[None]])
+    accepting = np.concatenate([p.accepting for p in parts] + [[any(p.accepting[p.start] for p in parts)]])
+    out = _Glued(table, accepting, len(table) - 1)
+    for p, off in sorted(zip(parts, offsets[:-1]), key=lambda item: -item[1]):
+        out = _without_unentered(out, int(off) + p.start)
+    return out
+
+
+def _ends_with(parts: tuple[Expr, ...], tail: tuple[Expr, ...]) -> bool:
+    return len(parts) > len(tail) and all(a is b for a, b in zip(parts[len(parts) - len(tail):], tail))
+
+
+def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
+    """`expr` compiled by gluing separately compiled parts (a `Dfa`), an equivalent expression made of compiled
+    parts for the NFA when they overlap, or None when `expr` is better determinised whole."""
+    sizes = memo.sizes
+
+    def heavy(e: Expr) -> bool:
+        return _size(e, sizes) >= _COMPOSE_MIN
+
+    def compiled(items: list[Expr], join) -> Dfa:
+        return _compile(items[0] if len(items) == 1 else join(tuple(items)), budget, memo)
+
+    if isinstance(expr, _Repeat):
+        copies = expr.lo + (1 if expr.hi is None else expr.hi - expr.lo)
+        if (copies < 2 and expr.hi is not None) or not heavy(expr.body):
+            return None
+        body = _compile(expr.body, budget, memo)
+        if body.is_empty:
+            return None
+        specials, class_of, (part,) = _aligned([body])
+        glued = _repeated(part, expr.lo, expr.hi, budget)
+        fallback: Expr = _Repeat(body, expr.lo, expr.hi)
+    elif isinstance(expr, _Concat):
+        # groups: a heavy part alone, runs of light parts together, and `x (sep x)*` (how arrays are written) as one
+        # loop over a single copy of x -- glued as x then (sep x)*, the first x would be a second copy of the same
+        # states
+        items: list = []  # parts, and ("loop", x parts, sep parts) for `x (sep x)*`
+        for part in expr.parts:
+            if isinstance(part, _Repeat) and part.lo == 0 and part.hi is None and isinstance(part.body, _Concat):
+                body = part.body.parts
+                for k in range(min(len(body) - 1, len(items)), 0, -1):
+                    tail = items[len(items) - k:]
+                    if not any(isinstance(t, tuple) for t in tail) and _ends_with(body, tuple(tail)):
+                        del items[len(items) - k:]
+                        part = ("loop", tail, list(body[: len(body) - k]))
+                        break
+            items.append(part)
+        groups: list[list] = []  # ["run", [parts]] | ["part", expr] | ["loop", x parts, sep parts]
+        for item in items:
+            if isinstance(item, tuple):
+                groups.append(list(item))
+            elif heavy(item):
+                groups.append(["part", item])
+            elif groups and groups[-1][0] == "run":
+                groups[-1][1].append(item)
+            else:
+                groups.append(["run", [item]])
+        if all(g[0] == "run" for g in groups) or (len(groups) < 2 and groups[0][0] != "loop"):
+            return None
+        dfas: list[Dfa] = []
+        for g in groups:
+            if g[0] == "run":
+                dfas.append(compiled(g[1], _Concat))
+            elif g[0] == "part":
+                dfas.append(_compile(g[1], budget, memo))
+            else:
+                x, sep = compiled(g[1], _Concat), compiled(g[2], _Concat)
+                if x.is_empty or sep.is_empty:
+                    dfas.append(x)
+                    continue
+                specials, class_of, (xg, sg) = _aligned([x, sep])
+                looped = _loop(xg, sg)
+                if looped is None:
+                    dfas.append(_determinised(_Concat((x, _Repeat(_Concat((sep, x)), 0, None))), budget))
+                else:
+                    dfas.append(_as_dfa(looped, specials, class_of))
+        if any(d.is_empty for d in dfas):
+            return _empty_dfa()
+        specials, class_of, glued_parts = _aligned(dfas)
+        try:
+            glued = _glue_all(glued_parts, budget)
+        except BudgetExceeded as err:
+            # the parts fit and their sum does not: the largest part is what a user would shrink
+            largest = max(range(len(groups)), key=lambda k: dfas[k].n_states)
+            if groups[largest][0] == "part":
+                _at(err, groups[largest][1], budget)
+            raise
+        fallback = _Concat(tuple(dfas))
+    elif isinstance(expr, _Union):
+        if not any(heavy(p) for p in expr.parts):
+            return None
+        light = [p for p in expr.parts if not heavy(p)]
+        seen = 0
+        for group in [[p] for p in expr.parts if heavy(p)] + [light]:
+            mask = 0
+            for p in group:
+                mask |= _first(p, memo.firsts)[0]
+            if mask & seen:
+                return None  # alternatives that start alike are determinised together
+            seen |= mask
+        dfas = [_compile(p, budget, memo) for p in expr.parts if heavy(p)]
+        if light:
+            dfas.append(compiled(light, _Union))
+        dfas = [d for d in dfas if not d.is_empty]
+        if len(dfas) < 2:
+            return dfas[0] if dfas else _empty_dfa()
+        specials, class_of, glued_parts = _aligned(dfas)
+        glued = _disjoint_union(glued_parts)
+        fallback = _Union(tuple(dfas))
+    else:
+        return None
+    if glued is None:
+        return fallback
+    budget.check(len(glued))
+    return _as_dfa(glued, specials, class_of)
+
+
+def _as_dfa(glued: _Glued, specials: tuple[int, ...], class_of: np.ndarray) -> Dfa:
+    """The finished DFA: classes whose columns are equal merged."""
+    columns, class_map = _unique_rows(glued.table.T)
+    return Dfa(np.ascontiguousarray(columns.T), glued.accepting, class_map[class_of].astype(np.int32), specials, glued.start)
+
+
 class _Memo:
     """One `compile` call's caches: DFAs by expression identity, structural keys by identity (objects kept alive)."""
 
     def __init__(self) -> None:
         self.dfas: dict[Expr, Dfa] = {}
         self.keys: dict[int, tuple[Expr, bytes, frozenset[int]]] = {}
+        self.sizes: dict[int, int] = {}  # id(expr) -> `_size` (the expressions are kept alive by the compiled one)
+        self.firsts: dict[int, tuple[int, bool]] = {}  # id(expr) -> `_first`
 
 
 _NO_SPECIALS: frozenset[int] = frozenset()
@@ -1109,10 +1497,11 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 b = _compile(expr.b, budget, memo)
                 dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=budget)
             else:
-                nfa = _Nfa(tuple(sorted(specials)), budget, memo)
-                start, final = nfa.node(), nfa.node()
-                nfa.build(expr, start, final)
-                dfa = _determinise(nfa, start, final, budget)
+                composed = _compose(expr, budget, memo)
+                if isinstance(composed, Dfa):
+                    dfa = composed
+                else:
+                    dfa = _determinised(expr if composed is None else composed, budget, memo, specials)
             peak = budget.peak
         finally:
             budget.peak = max(outer_peak, budget.peak)
@@ -1121,11 +1510,27 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
     return dfa
 
 
+def _determinised(expr: Expr, budget: _Budget, memo: _Memo | None = None, specials: frozenset[int] | None = None) -> Dfa:
+    """`expr` through the NFA and the subset construction."""
+    memo = memo or _Memo()
+    if specials is None:
+        specials = _describe(expr, memo.keys)[1]
+    nfa = _Nfa(tuple(sorted(specials)), budget, memo)
+    start, final = nfa.node(), nfa.node()
+    nfa.build(expr, start, final)
+    return _determinise(nfa, start, final, budget)
+
+
 def compile(  # noqa: A001
     expr: Expr, *, max_states: int = 200_000, deadline: float | None = None, pointer: str = "",
     pointers: dict[int, str] | None = None,
 ) -> Dfa:
-    """Compile an expression to a deterministic, trimmed, minimised automaton.
+    """Compile an expression to a deterministic, trimmed automaton.
+
+    Small expressions are determinised whole and minimised. Large concatenations, bounded or unbounded repetitions
+    and unions whose alternatives start differently are compiled part by part and the parts' DFAs glued side by side
+    when no part's accepting state continues with a symbol the next part starts with; the result is then not
+    re-minimised (on the engine benchmark's workloads it has 0-1 more states than the minimal DFA).
 
     Besides `deadline`, every `Deadline` active on this thread (`Deadline.active`) stops the compile.
 
