@@ -378,20 +378,29 @@ class Dfa(Expr):
         `special_symbols[i]`. Cached: embedding one DFA many times (bounded repeats) reads it again."""
         edges = self._edges.get(special_symbols)
         if edges is None:
-            class_masks = [0] * self.n_classes
-            for symbol, cls in enumerate(self.class_of[:N_BYTES].tolist()):
-                class_masks[cls] |= 1 << symbol
+            # each class's symbol mask as little-endian 64-bit words, OR-ed per (state, target) with numpy, then one
+            # Python int per distinct edge
+            n_words = (max((N_BYTES - 1, *special_symbols)) >> 6) + 1
+            class_words = np.zeros((self.n_classes, n_words), np.uint64)
+            symbols = np.arange(N_BYTES)
+            np.bitwise_or.at(class_words, (self.class_of[:N_BYTES], symbols >> 6), np.left_shift(np.uint64(1), (symbols & 63).astype(np.uint64)))
             for i, symbol in enumerate(special_symbols):
-                class_masks[int(self.class_of[N_BYTES + i])] |= 1 << symbol
+                class_words[int(self.class_of[N_BYTES + i]), symbol >> 6] |= np.uint64(1) << np.uint64(symbol & 63)
             src, cls = np.nonzero(self.transitions >= 0)
-            dst = self.transitions[src, cls]
-            merged: list[dict[int, int]] = [{} for _ in range(self.n_states)]
-            for s, c, t in zip(src.tolist(), cls.tolist(), dst.tolist()):
-                mask = class_masks[c]
-                if mask:
-                    row = merged[s]
-                    row[t] = row.get(t, 0) | mask
-            edges = [[(m, t) for t, m in row.items()] for row in merged]
+            dst = self.transitions[src, cls].astype(np.int64)
+            key = src.astype(np.int64) * max(self.n_states, 1) + dst
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            edges = [[] for _ in range(self.n_states)]
+            if len(key):
+                starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+                words = np.bitwise_or.reduceat(class_words[cls[order]], starts, axis=0)
+                raw = words.astype("<u8").tobytes()
+                stride = 8 * n_words
+                for g, (s, t) in enumerate(zip(src[order][starts].tolist(), dst[order][starts].tolist())):
+                    mask = int.from_bytes(raw[g * stride:(g + 1) * stride], "little")
+                    if mask:
+                        edges[s].append((mask, t))
             self._edges[special_symbols] = edges
         return edges
 
