@@ -1505,6 +1505,10 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 a = _compile(expr.a, budget, memo)
                 b = _compile(expr.b, budget, memo)
                 dfa = _product(a, b, keep_b=isinstance(expr, _Intersect), budget=budget)
+            elif isinstance(expr, _Bytes) or (
+                isinstance(expr, _Concat) and all(isinstance(p, _Bytes) for p in expr.parts)
+            ):
+                dfa = _chain((expr,) if isinstance(expr, _Bytes) else expr.parts, budget)
             else:
                 composed = _compose(expr, budget, memo)
                 if isinstance(composed, Dfa):
@@ -1517,6 +1521,31 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
         _shared_put(key, dfa, peak)
     memo.dfas[expr] = dfa
     return dfa
+
+
+def _chain(parts: Sequence[_Bytes], budget: _Budget) -> Dfa:
+    """The DFA of a sequence of byte sets (a literal), built directly: a chain of states."""
+    if not parts:
+        return _epsilon_dfa()
+    if any(p.mask == 0 for p in parts):
+        return _empty_dfa()
+    budget.check(len(parts) + 1)
+    masks = {m: i for i, m in enumerate(dict.fromkeys(p.mask for p in parts))}
+    raw = np.frombuffer(b"".join(m.to_bytes(N_BYTES // 8, "little") for m in masks), np.uint8)
+    bits = np.unpackbits(raw.reshape(len(masks), N_BYTES // 8), axis=1, bitorder="little")  # [mask, byte]
+    columns, class_of = _unique_rows(np.ascontiguousarray(bits.T))
+    table = np.full((len(parts) + 1, len(columns)), -1, np.int32)
+    inside = columns.astype(bool)  # [class, distinct mask]
+    for i, p in enumerate(parts):
+        table[i, inside[:, masks[p.mask]]] = i + 1
+    accepting = np.zeros(len(parts) + 1, bool)
+    accepting[-1] = True
+    # classes with equal columns were merged by construction (a class is a distinct membership pattern)
+    return Dfa(table, accepting, class_of.astype(np.int32), (), 0)
+
+
+def _epsilon_dfa() -> Dfa:
+    return Dfa(np.full((1, 1), -1, np.int32), np.ones(1, bool), np.zeros(N_BYTES, np.int32), (), 0)
 
 
 def _determinised(expr: Expr, budget: _Budget, memo: _Memo | None = None, specials: frozenset[int] | None = None) -> Dfa:

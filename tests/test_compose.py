@@ -76,3 +76,16 @@ def test_glued_automaton_equals_the_subset_construction(expr_and_regex):
     assert fa.compile(fa.difference(glued, whole)).is_empty
     assert fa.compile(fa.difference(whole, glued)).is_empty
     assert glued.n_states >= whole.n_states
+
+
+BYTE_SETS = st.lists(st.sampled_from([b"a", b"b", b"ab", b"bc", b"abc", b"\x00\xff"]), min_size=0, max_size=9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(BYTE_SETS)
+def test_literal_chain_is_the_minimal_dfa(sets):
+    expr = fa.concat(*(fa.byte_set([(b, b) for b in s]) for s in sets))
+    chain = fa.compile(expr)
+    whole = fa._determinised(expr, fa._Budget(10**6, None, ""))
+    assert chain.n_states == whole.n_states and chain.n_classes == whole.n_classes
+    assert fa.compile(fa.difference(chain, whole)).is_empty and fa.compile(fa.difference(whole, chain)).is_empty
