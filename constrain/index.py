@@ -4,6 +4,7 @@ budget, from exact per-state minimum token counts); a cursor per sequence."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,23 @@ NO_COMPLETION = 2**31 - 1
 
 # One state's trie walk: (dense `(depth, states, ok)` per densely walked depth, sparse `(nodes, states)`, n_alive).
 _Walk = tuple[list[tuple[int, np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]], int]
+
+
+_TERM_LOCAL: "weakref.WeakKeyDictionary[_Trie, list[np.ndarray]]" = weakref.WeakKeyDictionary()
+_TERM_LOCAL_LOCK = threading.Lock()
+
+
+def _term_local_by_depth(trie: _Trie) -> list[np.ndarray]:
+    """Per depth of `trie`, the offsets (within the depth) of nodes that end a token; one list per trie, shared by
+    every index over its vocabulary (a pass over the whole trie that no DFA changes)."""
+    with _TERM_LOCAL_LOCK:
+        hit = _TERM_LOCAL.get(trie)
+    if hit is None:
+        ds = trie.depth_start
+        hit = [np.flatnonzero(trie.term_count[ds[d] : ds[d + 1]]) for d in range(trie.max_depth)]
+        with _TERM_LOCAL_LOCK:
+            _TERM_LOCAL[trie] = hit
+    return hit
 
 
 class TokenIndex:
@@ -145,7 +163,7 @@ class TokenIndex:
         self._cls_by_depth = [self._node_cls[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         self._parent_by_depth = [trie.parent_local[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         # Per depth, the local offsets of nodes that end some token: where a walk's destination states are read.
-        self._term_local_by_depth = [np.flatnonzero(trie.term_count[ds[d] : ds[d + 1]]) for d in range(trie.max_depth)]
+        self._term_local_by_depth = _term_local_by_depth(trie)
         self._eos = tuple(sorted({int(t) for t in vocab.eos_ids if 0 <= t < self._n_tokens}))
         self._eos_arr = np.asarray(self._eos, dtype=np.intp)
         self._special_cls = {t: int(class_of[256 + i]) for i, t in enumerate(specials)}
