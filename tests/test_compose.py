@@ -89,3 +89,19 @@ def test_literal_chain_is_the_minimal_dfa(sets):
     whole = fa._determinised(expr, fa._Budget(10**6, None, ""))
     assert chain.n_states == whole.n_states and chain.n_classes == whole.n_classes
     assert fa.compile(fa.difference(chain, whole)).is_empty and fa.compile(fa.difference(whole, chain)).is_empty
+
+
+@settings(max_examples=200, deadline=None)
+@given(EXPRS, EXPRS, EXPRS)
+def test_array_loop_over_one_copy_equals_the_subset_construction(head, x, sep):
+    """`head x (sep x)*` with the same x object twice -- how arrays are written -- loops over one copy of x.
+    (The oracle is the subset construction, itself checked against `re` above: `re` backtracks exponentially on
+    some of these nested patterns.)"""
+    expr = fa.concat(head[0], x[0], fa.repeat(fa.concat(sep[0], x[0]), 0))
+    with compose_from(1):
+        glued = fa.compile(expr)
+    with compose_from(10**9):
+        whole = fa.compile(expr)
+    assert_trimmed(glued)
+    assert fa.compile(fa.difference(glued, whole)).is_empty
+    assert fa.compile(fa.difference(whole, glued)).is_empty
