@@ -1374,6 +1374,8 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
 
 def _minimal(dfa: Dfa, budget: _Budget) -> Dfa:
     """`dfa` minimised (it is trimmed already)."""
+    if dfa.n_states <= 1:
+        return dfa
     trans, acc, start = _minimise(dfa.transitions, dfa.accepting, dfa.start, budget)
     if len(trans) == dfa.n_states:
         return dfa

@@ -105,3 +105,10 @@ def test_array_loop_over_one_copy_equals_the_subset_construction(head, x, sep):
     assert_trimmed(glued)
     assert fa.compile(fa.difference(glued, whole)).is_empty
     assert fa.compile(fa.difference(whole, glued)).is_empty
+
+
+def test_an_empty_glued_language_stays_empty():
+    never = fa.intersect(fa.literal(b"a"), fa.literal(b"b"))
+    with compose_from(1):
+        assert fa.compile(fa.concat(fa.literal(b"x"), never, fa.repeat(fa.literal(b"yz"), 0))).is_empty
+        assert fa.compile(fa.union(fa.concat(fa.literal(b"x"), never), fa.concat(fa.literal(b"y"), never))).is_empty
