@@ -109,9 +109,11 @@ def _sort_tokens(flat: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> tuple[
         in_tie[1:] = tie
         in_tie[:-1] |= tie
         sel = np.flatnonzero(in_tie)
-        group = np.zeros(tie.shape[0] + 1, dtype=np.int32)
-        np.cumsum(~tie, out=group[1:])
-        grp = group[sel]
+        starts = np.ones(tie.shape[0] + 1, dtype=bool)
+        starts[1:] = ~tie
+        starts = starts[sel]
+        n_groups = int(np.count_nonzero(starts))
+        grp = np.cumsum(starts, dtype=np.uint16 if n_groups < 2**16 else np.int32)  # uint16: a radix sort below
         pos = sel if pos is None else pos[sel]
         r += 1
         toks = perm[pos]

@@ -83,6 +83,8 @@ def make_vocab(tokens, **kwargs) -> Vocabulary:
         # ties broken over many 7-byte chunks, and depths past 255 (uint16 depths, lengths above one byte)
         pytest.param([b"x" * k for k in range(300, 0, -7)] + [b"x" * 150 + b"y", b"x" * 149 + b"w"], id="long-runs"),
         pytest.param([b"same"] * 5 + [b"sam", b"same!"], id="many-duplicates"),
+        # more groups of tokens tied on their first chunk than a uint16 group id holds
+        pytest.param([b"%07d%c" % (i, c) for i in range(2**16 + 5) for c in b"xy"], id="many-tie-groups"),
     ],
 )
 def test_edge_vocabularies_match_oracle(tokens):
