@@ -124,6 +124,14 @@ def _sort_tokens(flat: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> tuple[
         key = key[o]
 
 
+def _concat(token_bytes: tuple[bytes, ...]) -> bytes:
+    """All tokens' bytes, then 8 zero bytes of padding."""
+    # b"".join takes one 80-byte Py_buffer per item (CPython's stringlib/join.h): 10-20 MB at once for a whole
+    # vocabulary, fresh pages in a new process (~10 ms of page faults on Llama 3). 4096 tokens at a time reuse 320 KB.
+    step = 4096
+    return b"".join([*(b"".join(token_bytes[i : i + step]) for i in range(0, len(token_bytes), step)), bytes(8)])
+
+
 def _lengths(token_bytes: tuple[bytes, ...]) -> np.ndarray:
     try:  # one byte per length: faster than np.fromiter when no token is 256 bytes or longer
         return np.frombuffer(bytes(map(len, token_bytes)), dtype=np.uint8).astype(np.int32)
@@ -140,7 +148,7 @@ def _build_trie(vocab: Any) -> _Trie:
     token_bytes = vocab.token_bytes
     n_all = len(token_bytes)
     lens_all = _lengths(token_bytes)
-    flat = np.frombuffer(b"".join(token_bytes) + bytes(8), dtype=np.uint8)
+    flat = np.frombuffer(_concat(token_bytes), dtype=np.uint8)
     idx = np.int32 if flat.shape[0] < 2**31 else np.int64  # byte offsets
     offs_all = np.zeros(n_all, dtype=idx)
     if n_all:
