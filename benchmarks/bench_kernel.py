@@ -6,8 +6,8 @@ torch reference first, then each is timed in this process (median of repeats, lo
 Sweeps V (128256 Llama 3, 151936 Qwen3, 262144 Gemma), rows (1, 8) and mask density (one token, half, all but one).
 
 `constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, each row planned afresh per call; CUDA: Triton);
-`constrain_planned` (CPU only) applies row plans cached across calls, as `MaskProcessor` and the vLLM plugin do on
-CPU; `constrain_eager` is the plain torch reference. Rows of one call are distinct table rows. The load average is
+`constrain_planned` (CPU only) applies row plans cached across calls and looked up per table row, as `MaskProcessor`
+does per mask slot on CPU (the vLLM plugin asks its `PlanCache` per row); `constrain_eager` is the plain torch reference. Rows of one call are distinct table rows. The load average is
 printed and kept in the JSON: on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
 
 Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--json PATH]
@@ -59,13 +59,21 @@ def contenders(device: torch.device) -> dict:
     """name -> callable(logits, table, row_ids, bitmask); the peers only where installed."""
     out = {"constrain": lambda lg, tb, ids, bm: apply_token_mask(lg, tb, ids)}
     if device.type == "cpu":
-        cache, current = cpu_mask.PlanCache(), []  # plans by table row, for the table of the current case
+        # As MaskProcessor does per mask slot: a row's plan comes from the shared PlanCache once, then from a list.
+        cache, current = cpu_mask.PlanCache(), []  # [table of the current case, its plans by table row]
 
         def planned(lg, tb, ids, bm):
             if not current or current[0] is not tb:
                 cache.clear()
-                current[:] = [tb]
-            plans = [None if i < 0 else cache.get(i, tb[i].numpy(), lg.shape[1]) for i in ids.tolist()]
+                current[:] = [tb, [None] * tb.shape[0]]
+            by_row, vocab, plans = current[1], lg.shape[1], []
+            for i in ids.tolist():
+                plan = None
+                if i >= 0:
+                    plan = by_row[i]
+                    if plan is None or plan.vocab != vocab:
+                        plan = by_row[i] = cache.get(i, tb[i].numpy(), vocab)
+                plans.append(plan)
             cpu_mask.apply_planned(lg, plans)
 
         out["constrain_planned"] = planned

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import cpu_mask, torch_ref
+from kernels import cpu_mask, cpu_native, torch_ref
 
 if not torch.cuda.is_available():
     # Triton's interpreter runs the kernel on CPU tensors; it is read when the kernel is first launched.
@@ -193,6 +193,46 @@ def test_cpu_path_matches_reference(vocab, n_words, rows):
             plans = [None if i < 0 else cache.get(i, table[i].numpy(), vocab) for i in row_ids.tolist()]
             cpu_mask.apply_planned(got, plans)
             assert torch.equal(bits(got), bits(want)), (dtype, layout, "cached plans")
+
+
+@pytest.fixture(params=["native", "portable", "torch"])
+def cpu_pass(request, monkeypatch):
+    """Each dense CPU pass in turn: the native one as built here, its portable C loop, and the compiled torch pass."""
+    native = cpu_native.load()
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "load", lambda: None)
+    elif native is None:
+        message = "the native CPU mask pass did not build here (no C compiler?)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    elif request.param == "portable":
+        monkeypatch.setattr(native, "isa", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("vocab,n_words", CPU_CASES)
+def test_cpu_dense_passes_match_reference(cpu_pass, vocab, n_words):
+    table = density_table(n_words, vocab, seed=vocab)
+    row_ids = torch.tensor([5, 7, -1, 0, 6, 3, 1, 5, 2, 4], dtype=torch.int32)  # every density, one unconstrained
+    g = torch.Generator().manual_seed(vocab)
+    for dtype in DTYPES:
+        # Unit column stride (the native pass's layout), rows further apart than the vocabulary, at an odd offset.
+        buffer = torch.randn(len(row_ids), vocab + 7, generator=g).to(dtype)
+        want = buffer[:, 1:vocab + 1].clone()
+        torch_ref.apply_token_mask(want, table, row_ids)
+        whole = buffer.clone()
+        got = whole[:, 1:vocab + 1]
+        assert got.stride() == (vocab + 7, 1)
+        kernels.apply_token_mask(got, table, row_ids)
+        assert torch.equal(bits(got), bits(want)), (dtype, "per call")
+        outside = torch.ones(vocab + 7, dtype=torch.bool)
+        outside[1:vocab + 1] = False
+        assert torch.equal(bits(whole[:, outside]), bits(buffer[:, outside])), (dtype, "wrote outside the view")
+        got = buffer.clone()[:, 1:vocab + 1]
+        cpu_mask.apply_planned(got, [None if i < 0 else cpu_mask.plan_row(table[i].numpy(), vocab)
+                                     for i in row_ids.tolist()])
+        assert torch.equal(bits(got), bits(want)), (dtype, "planned")
 
 
 def test_cpu_plans_cover_every_kind():

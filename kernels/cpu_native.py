@@ -1,0 +1,174 @@
+"""The dense CPU mask pass in C: a contiguous logits row and its packed mask words → every blocked element set to -inf.
+
+The source below is built once per machine with the system C compiler (as inductor builds its CPU kernels) and loaded
+with ctypes; `load()` returns None where that fails, and callers fall back to `kernels.cpu_mask`'s compiled torch pass.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+__all__ = ["NativePass", "load"]
+
+# On x86-64 with AVX-512 (F + BW) each 16 (32) mask bits are the mask register of one masked store of the -inf pattern:
+# allowed elements are not even read. Elsewhere a branchless blend that compilers vectorize. Both run on the calling
+# thread (no OpenMP: a thread pool stalls on a busy machine, `benchmarks/bench_kernel.py`).
+_SOURCE = r"""
+#include <stdint.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CONSTRAIN_X86 1
+#endif
+
+/* x[t] = neg for every t < width whose bit t % 32 of words[t / 32] is 0. */
+static void block32_generic(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg) {
+    for (int64_t t = 0; t < width; t++) {
+        uint32_t keep = 0u - ((words[t >> 5] >> (t & 31)) & 1u);
+        x[t] = (x[t] & keep) | (neg & ~keep);
+    }
+}
+
+static void block16_generic(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg) {
+    for (int64_t t = 0; t < width; t++) {
+        uint16_t keep = (uint16_t)(0u - ((words[t >> 5] >> (t & 31)) & 1u));
+        x[t] = (uint16_t)((x[t] & keep) | (neg & (uint16_t)~keep));
+    }
+}
+
+#ifdef CONSTRAIN_X86
+__attribute__((target("avx512f")))
+static void block32_avx512(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg) {
+    const __m512i v = _mm512_set1_epi32((int)neg);
+    int64_t full = width >> 5;
+    for (int64_t i = 0; i < full; i++) {
+        uint32_t m = ~words[i];
+        if (!m) continue;
+        _mm512_mask_storeu_epi32(x + (i << 5), (__mmask16)(m & 0xFFFFu), v);
+        _mm512_mask_storeu_epi32(x + (i << 5) + 16, (__mmask16)(m >> 16), v);
+    }
+    int rest = (int)(width & 31);
+    if (rest) {
+        uint32_t m = ~words[full] & ((1u << rest) - 1u);
+        _mm512_mask_storeu_epi32(x + (full << 5), (__mmask16)(m & 0xFFFFu), v);
+        if (rest > 16) _mm512_mask_storeu_epi32(x + (full << 5) + 16, (__mmask16)(m >> 16), v);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static void block16_avx512(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg) {
+    const __m512i v = _mm512_set1_epi16((short)neg);
+    int64_t full = width >> 5;
+    for (int64_t i = 0; i < full; i++) {
+        uint32_t m = ~words[i];
+        if (m) _mm512_mask_storeu_epi16(x + (i << 5), (__mmask32)m, v);
+    }
+    int rest = (int)(width & 31);
+    if (rest) _mm512_mask_storeu_epi16(x + (full << 5), (__mmask32)(~words[full] & ((1u << rest) - 1u)), v);
+}
+#endif
+
+/* 1 when the AVX-512 paths can run here, else 0. */
+int constrain_native_isa(void) {
+#ifdef CONSTRAIN_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
+void constrain_block32(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg, int isa) {
+#ifdef CONSTRAIN_X86
+    if (isa) { block32_avx512(x, words, width, neg); return; }
+#endif
+    block32_generic(x, words, width, neg);
+}
+
+void constrain_block16(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg, int isa) {
+#ifdef CONSTRAIN_X86
+    if (isa) { block16_avx512(x, words, width, neg); return; }
+#endif
+    block16_generic(x, words, width, neg);
+}
+"""
+
+_FLAGS = ["-O3", "-shared", "-fPIC"]
+
+
+class NativePass:
+    """The loaded library: `block(x_ptr, words_ptr, width, element_bits, neg)` masks one contiguous row in place.
+
+    `isa` is 1 where the AVX-512 path runs, else 0; tests may set it to 0 to run the portable path.
+    """
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._fns = {32: lib.constrain_block32, 16: lib.constrain_block16}
+        for bits, fn in self._fns.items():
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_uint32 if bits == 32 else ctypes.c_uint16, ctypes.c_int]
+            fn.restype = None
+        lib.constrain_native_isa.restype = ctypes.c_int
+        self.native_isa = int(lib.constrain_native_isa())
+        self.isa = self.native_isa
+
+    def block(self, x_ptr: int, words_ptr: int, width: int, element_bits: int, neg: int) -> None:
+        """Set x[t] to the bit pattern `neg` for every t < `width` whose mask bit is 0.
+
+        `x_ptr`: `width` contiguous elements of `element_bits` (32 or 16); `words_ptr`: ceil(width / 32) int32 words.
+        """
+        self._fns[element_bits](x_ptr, words_ptr, width, neg, self.isa)
+
+
+_lock = threading.Lock()
+_state: dict[str, NativePass | None] = {}
+
+
+def load() -> NativePass | None:
+    """The native pass, built on first use (cached on disk by source and compiler); None where it cannot be built.
+
+    The build cache is `$CONSTRAIN_KERNELS` if set, else `~/.cache/constrain/kernels`. `CONSTRAIN_NATIVE=0` turns
+    the native pass off. A failed build warns once (callers then use the slower torch pass).
+    """
+    with _lock:
+        if "pass" not in _state:
+            _state["pass"] = _load()
+        return _state["pass"]
+
+
+def _load() -> NativePass | None:
+    if os.environ.get("CONSTRAIN_NATIVE", "1") == "0":
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        warnings.warn("no C compiler found; masking dense CPU rows with the slower torch pass", RuntimeWarning,
+                      stacklevel=3)
+        return None
+    env_dir = os.environ.get("CONSTRAIN_KERNELS")
+    cache = Path(env_dir).expanduser() if env_dir else Path.home() / ".cache" / "constrain" / "kernels"
+    key = "\0".join([_SOURCE, cc, *_FLAGS, platform.machine(), platform.system()])
+    so = cache / f"cpu_mask_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    try:
+        if not so.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                src = Path(tmp) / "cpu_mask.c"
+                src.write_text(_SOURCE)
+                out = Path(tmp) / so.name
+                subprocess.run([cc, *_FLAGS, "-o", str(out), str(src)], check=True, capture_output=True, timeout=120)
+                os.replace(out, so)  # atomic: concurrent builders each install a whole file
+        return NativePass(ctypes.CDLL(str(so)))
+    except (OSError, subprocess.SubprocessError, AttributeError) as err:
+        detail = getattr(err, "stderr", b"") or b""
+        warnings.warn(f"building the native CPU mask pass failed ({type(err).__name__}: {err} "
+                      f"{detail.decode(errors='replace')[:500]}); masking dense CPU rows with the slower torch pass",
+                      RuntimeWarning, stacklevel=3)
+        return None
