@@ -36,6 +36,7 @@ _SCAN_FRACTION = 32
 _SHIFTS = np.arange(32, dtype=np.int32)
 
 ALLOWED, BLOCKED, DENSE = "allowed", "blocked", "dense"
+_NATIVE_KIND = {ALLOWED: 0, BLOCKED: 1, DENSE: 2}
 
 
 class RowPlan:
@@ -46,15 +47,19 @@ class RowPlan:
     Tokens from `width` to `vocab` are never allowed, whatever the kind.
     """
 
-    __slots__ = ("kind", "vocab", "width", "ids", "words", "words_ptr")
+    __slots__ = ("kind", "vocab", "width", "ids", "words", "native_args")
 
     def __init__(self, kind: str, vocab: int, width: int, *, ids: np.ndarray | None = None,
                  words: np.ndarray | None = None):
         if words is not None:
             words = np.ascontiguousarray(words, dtype=np.int32)
+        if ids is not None:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
         self.kind, self.vocab, self.width, self.ids, self.words = kind, vocab, width, ids, words
-        # The native pass reads the words by address; the plan holds the array, so the address stays valid.
-        self.words_ptr = 0 if words is None else words.ctypes.data
+        # `NativePass.apply_row`'s plan arguments: it reads ids and words by address, and the plan holds both arrays.
+        self.native_args = cpu_native.NativePass.plan_args(
+            _NATIVE_KIND[kind], 0 if ids is None else ids.ctypes.data, 0 if ids is None else ids.size,
+            0 if words is None else words.ctypes.data, width)
 
 
 def plan_row(words: np.ndarray, vocab: int, *, thorough: bool = True) -> RowPlan:
@@ -166,13 +171,20 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
             widths.add(plan.width)
     if len(widths) > 1:
         raise ValueError(f"dense plans of one call must share one width, got {sorted(widths)}")
+    native = cpu_native.load() if logits.stride(1) == 1 or vocab == 1 else None
+    if native is not None:
+        # One call into C per row: in a decoding loop this code runs with cold caches (the model step evicts them),
+        # where each numpy or torch op costs 5-15 us; the whole row in one native call costs one.
+        element_bits, native_neg = _NATIVE_NEG[logits.dtype]
+        base, row_bytes = logits.data_ptr(), logits.stride(0) * logits.element_size()
+        apply_row = native.apply_row
+        for r, plan in enumerate(plans):
+            if plan is not None:
+                apply_row(base + r * row_bytes, vocab, element_bits, native_neg, plan.native_args)
+        return
     int_dtype, neg = _NEG_INF[logits.dtype]
     det = logits.detach()
     x = det.view(int_dtype).numpy()  # shares memory and strides with the logits
-    native = cpu_native.load() if det.stride(1) == 1 or vocab == 1 else None
-    if native is not None:
-        element_bits, native_neg = _NATIVE_NEG[logits.dtype]
-        base, row_bytes = det.data_ptr(), det.stride(0) * det.element_size()
     dense: list[int] = []
     # ALLOWED rows: save the allowed logits, fill each run of such rows with -inf at once (torch's fill: ~2.5x numpy's
     # on a 128k row, and one fill of eight rows saves ~20% against eight), then put the saved logits back.
@@ -195,8 +207,6 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
             row[plan.width:] = neg
         if plan.kind == BLOCKED:
             row[plan.ids] = neg
-        elif native is not None:
-            native.block(base + r * row_bytes, plan.words_ptr, plan.width, element_bits, native_neg)
         else:
             dense.append(r)
     if run >= 0:

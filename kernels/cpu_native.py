@@ -76,6 +76,38 @@ static void block16_avx512(uint16_t *x, const uint32_t *words, int64_t width, ui
 }
 #endif
 
+#ifdef CONSTRAIN_X86
+__attribute__((target("avx512f")))
+static void fill32_avx512(uint32_t *x, int64_t from, int64_t to, uint32_t v) {
+    const __m512i z = _mm512_set1_epi32((int)v);
+    int64_t t = from;
+    for (; t + 16 <= to; t += 16) _mm512_storeu_si512((void *)(x + t), z);
+    if (t < to) _mm512_mask_storeu_epi32(x + t, (__mmask16)((1u << (to - t)) - 1u), z);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static void fill16_avx512(uint16_t *x, int64_t from, int64_t to, uint16_t v) {
+    const __m512i z = _mm512_set1_epi16((short)v);
+    int64_t t = from;
+    for (; t + 32 <= to; t += 32) _mm512_storeu_si512((void *)(x + t), z);
+    if (t < to) _mm512_mask_storeu_epi16(x + t, (__mmask32)((1ull << (to - t)) - 1u), z);
+}
+#endif
+
+static inline void fill32(uint32_t *x, int64_t from, int64_t to, uint32_t v, int isa) {
+#ifdef CONSTRAIN_X86
+    if (isa && to - from >= 16) { fill32_avx512(x, from, to, v); return; }
+#endif
+    for (int64_t t = from; t < to; t++) x[t] = v;
+}
+
+static inline void fill16(uint16_t *x, int64_t from, int64_t to, uint16_t v, int isa) {
+#ifdef CONSTRAIN_X86
+    if (isa && to - from >= 32) { fill16_avx512(x, from, to, v); return; }
+#endif
+    for (int64_t t = from; t < to; t++) x[t] = v;
+}
+
 /* 1 when the AVX-512 paths can run here, else 0. */
 int constrain_native_isa(void) {
 #ifdef CONSTRAIN_X86
@@ -99,13 +131,50 @@ void constrain_block16(uint16_t *x, const uint32_t *words, int64_t width, uint16
 #endif
     block16_generic(x, words, width, neg);
 }
+
+/* One logits row of `vocab` elements under one row plan (kernels.cpu_mask.RowPlan): kind 0 allows only the ascending
+   `ids`, kind 1 blocks the `ids`, kind 2 applies `words`; every element from `width` on is blocked too. */
+static void apply_row(void *x, int64_t vocab, int element_bits, uint32_t neg, int kind, const int64_t *ids,
+                      int64_t n_ids, const uint32_t *words, int64_t width, int isa) {
+    if (element_bits == 32) {
+        uint32_t *y = (uint32_t *)x;
+        if (kind == 0) {
+            int64_t from = 0;
+            for (int64_t i = 0; i < n_ids; i++) { fill32(y, from, ids[i], neg, isa); from = ids[i] + 1; }
+            fill32(y, from, vocab, neg, isa);
+            return;
+        }
+        fill32(y, width, vocab, neg, isa);
+        if (kind == 1) { for (int64_t i = 0; i < n_ids; i++) y[ids[i]] = neg; }
+        else constrain_block32(y, words, width, neg, isa);
+    } else {
+        uint16_t *y = (uint16_t *)x;
+        uint16_t v = (uint16_t)neg;
+        if (kind == 0) {
+            int64_t from = 0;
+            for (int64_t i = 0; i < n_ids; i++) { fill16(y, from, ids[i], v, isa); from = ids[i] + 1; }
+            fill16(y, from, vocab, v, isa);
+            return;
+        }
+        fill16(y, width, vocab, v, isa);
+        if (kind == 1) { for (int64_t i = 0; i < n_ids; i++) y[ids[i]] = v; }
+        else constrain_block16(y, words, width, v, isa);
+    }
+}
+
+/* plan: {kind, ids address, number of ids, words address, width} (one ctypes array per plan: few arguments to
+   convert per call). */
+void constrain_apply_row(void *x, int64_t vocab, int element_bits, uint32_t neg, const int64_t *plan, int isa) {
+    apply_row(x, vocab, element_bits, neg, (int)plan[0], (const int64_t *)(intptr_t)plan[1], plan[2],
+              (const uint32_t *)(intptr_t)plan[3], plan[4], isa);
+}
 """
 
 _FLAGS = ["-O3", "-shared", "-fPIC"]
 
 
 class NativePass:
-    """The loaded library: `block(x_ptr, words_ptr, width, element_bits, neg)` masks one contiguous row in place.
+    """The loaded library: `block` masks one contiguous row by its words, `apply_row` by a row plan's fields.
 
     `isa` is 1 where the AVX-512 path runs, else 0; tests may set it to 0 to run the portable path.
     """
@@ -116,9 +185,26 @@ class NativePass:
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_uint32 if bits == 32 else ctypes.c_uint16, ctypes.c_int]
             fn.restype = None
+        self._apply_row = lib.constrain_apply_row
+        self._apply_row.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32,
+                                    ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+        self._apply_row.restype = None
         lib.constrain_native_isa.restype = ctypes.c_int
         self.native_isa = int(lib.constrain_native_isa())
         self.isa = self.native_isa
+
+    @staticmethod
+    def plan_args(kind: int, ids_ptr: int, n_ids: int, words_ptr: int, width: int) -> ctypes.Array:
+        """A row plan's fields for `apply_row`: `kind` 0 keeps only the `n_ids` ascending int64 ids at `ids_ptr` (all
+        below `width`), 1 blocks those ids, 2 applies the ceil(width / 32) int32 words at `words_ptr`."""
+        return (ctypes.c_int64 * 5)(kind, ids_ptr, n_ids, words_ptr, width)
+
+    def apply_row(self, x_ptr: int, vocab: int, element_bits: int, neg: int, plan_args: ctypes.Array) -> None:
+        """Mask the `vocab` contiguous elements at `x_ptr` under one row plan (`plan_args`), in place: one call into C.
+
+        Elements from the plan's width to `vocab` are always blocked.
+        """
+        self._apply_row(x_ptr, vocab, element_bits, neg, plan_args, self.isa)
 
     def block(self, x_ptr: int, words_ptr: int, width: int, element_bits: int, neg: int) -> None:
         """Set x[t] to the bit pattern `neg` for every t < `width` whose mask bit is 0.
@@ -138,6 +224,8 @@ def load() -> NativePass | None:
     The build cache is `$CONSTRAIN_KERNELS` if set, else `~/.cache/constrain/kernels`. `CONSTRAIN_NATIVE=0` turns
     the native pass off. A failed build warns once (callers then use the slower torch pass).
     """
+    if "pass" in _state:  # the usual call: no lock once loaded
+        return _state["pass"]
     with _lock:
         if "pass" not in _state:
             _state["pass"] = _load()
