@@ -6,7 +6,7 @@ JSON Schema for both grammar engines. Constrained runs may stop early at EOS, so
 Contenders take turns within each repeat (a load change on a shared machine hits all of them alike), a fresh
 processor per `generate` call as a server makes one per request; the load average is printed and kept in the JSON.
 
-Usage: python benchmarks/bench_e2e.py [--quick] [--threads N] [--json PATH]
+Usage: python benchmarks/bench_e2e.py [--quick] [--threads N] [--repeats N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI mode: batch 1, 32 tokens, 2 repeats")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per contender (default 5; quick: 2)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_model("llama", 128256 + 64, eos_ids=list(vocab.eos_ids), pad_id=pad, seed=0)
     index = compile_json_schema(SCHEMA, vocab, whitespace="compact")
     max_new = 32 if args.quick else 128
-    repeats = 2 if args.quick else 5
+    repeats = args.repeats or (2 if args.quick else 5)
     batches = (1,) if args.quick else (1, 4)
     contenders = {
         "unconstrained": None,
