@@ -55,6 +55,19 @@ class RowPlan:
             words = np.ascontiguousarray(words, dtype=np.int32)
         if ids is not None:
             ids = np.ascontiguousarray(ids, dtype=np.int64)
+        # The native pass writes by these ids and reads these words without bounds checks: check them once here.
+        if not 0 <= width <= vocab:
+            raise ValueError(f"width must lie in 0 .. vocab ({vocab}), got {width}")
+        if kind == DENSE and (words is None or 32 * words.size < width):
+            raise ValueError(f"a dense plan needs ceil(width / 32) = {(width + 31) // 32} words, got "
+                             f"{None if words is None else words.size}")
+        if kind in (ALLOWED, BLOCKED):
+            if ids is None or ids.ndim != 1:
+                raise ValueError(f"an {kind} plan needs 1-D ids")
+            if ids.size and (ids[0] < 0 or ids[-1] >= width or (ids.size > 1 and not (np.diff(ids) > 0).all())):
+                raise ValueError(f"ids must ascend strictly within 0 .. width - 1 ({width - 1})")
+        elif kind != DENSE:
+            raise ValueError(f"kind must be {ALLOWED!r}, {BLOCKED!r} or {DENSE!r}, got {kind!r}")
         self.kind, self.vocab, self.width, self.ids, self.words = kind, vocab, width, ids, words
         # `NativePass.apply_row`'s plan arguments: it reads ids and words by address, and the plan holds both arrays.
         self.native_args = cpu_native.NativePass.plan_args(

@@ -268,6 +268,12 @@ def test_cpu_path_bad_inputs_raise():
         cpu_mask.apply_planned(logits, [plan])  # one plan for two rows
     with pytest.raises(ValueError):
         cpu_mask.apply_planned(logits.double(), [plan, plan])
+    # Plans the native pass would read or write out of bounds by are refused when made.
+    for kind, kwargs in ((cpu_mask.ALLOWED, {"ids": np.array([3, 64])}), (cpu_mask.BLOCKED, {"ids": np.array([-1])}),
+                         (cpu_mask.BLOCKED, {"ids": np.array([5, 5])}), (cpu_mask.ALLOWED, {"ids": np.array([7, 2])}),
+                         (cpu_mask.DENSE, {"words": np.zeros(1, dtype=np.int32)}), ("sparse", {"ids": np.array([1])})):
+        with pytest.raises(ValueError):
+            cpu_mask.RowPlan(kind, 64, 64, **kwargs)
 
 
 # ---- real index tables: padding ids and EOS
