@@ -74,6 +74,14 @@ class RowPlan:
             _NATIVE_KIND[kind], 0 if ids is None else ids.ctypes.data, 0 if ids is None else ids.size,
             0 if words is None else words.ctypes.data, width)
 
+    def __reduce__(self):
+        # Addresses do not survive pickling: a copy is planned anew around its own arrays.
+        return (_remake_plan, (self.kind, self.vocab, self.width, self.ids, self.words))
+
+
+def _remake_plan(kind: str, vocab: int, width: int, ids: np.ndarray | None, words: np.ndarray | None) -> RowPlan:
+    return RowPlan(kind, vocab, width, ids=ids, words=words)
+
 
 def plan_row(words: np.ndarray, vocab: int, *, thorough: bool = True) -> RowPlan:
     """The plan of packed mask row `words` (int32 [n_words]) for logits `vocab` wide.
@@ -186,8 +194,9 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
         raise ValueError(f"dense plans of one call must share one width, got {sorted(widths)}")
     native = cpu_native.load() if logits.stride(1) == 1 or vocab == 1 else None
     if native is not None:
-        # One call into C per row: in a decoding loop this code runs with cold caches (the model step evicts them),
-        # where each numpy or torch op costs 5-15 us; the whole row in one native call costs one.
+        # One call into C per row: in a decoding loop this runs with the caches the model step has just swept, where
+        # each numpy or torch entry point costs several times its warm price (bench_e2e.py prints the processor's
+        # time per step inside generate).
         element_bits, native_neg = _NATIVE_NEG[logits.dtype]
         base, row_bytes = logits.data_ptr(), logits.stride(0) * logits.element_size()
         apply_row = native.apply_row
@@ -199,8 +208,8 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
     det = logits.detach()
     x = det.view(int_dtype).numpy()  # shares memory and strides with the logits
     dense: list[int] = []
-    # ALLOWED rows: save the allowed logits, fill each run of such rows with -inf at once (torch's fill: ~2.5x numpy's
-    # on a 128k row, and one fill of eight rows saves ~20% against eight), then put the saved logits back.
+    # ALLOWED rows: save the allowed logits, fill each run of such rows with -inf at once (torch's fill is faster than
+    # numpy's on wide rows, and one fill per run than one per row), then put the saved logits back.
     saved: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     run = -1
     for r, plan in enumerate(plans):

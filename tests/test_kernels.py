@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -233,6 +234,10 @@ def test_cpu_dense_passes_match_reference(cpu_pass, vocab, n_words):
         cpu_mask.apply_planned(got, [None if i < 0 else cpu_mask.plan_row(table[i].numpy(), vocab)
                                      for i in row_ids.tolist()])
         assert torch.equal(bits(got), bits(want)), (dtype, "planned")
+        got = buffer.clone()[:, 1:vocab + 1]  # plans that went through pickle (their addresses are remade)
+        cpu_mask.apply_planned(got, [None if i < 0 else pickle.loads(pickle.dumps(
+            cpu_mask.plan_row(table[i].numpy(), vocab))) for i in row_ids.tolist()])
+        assert torch.equal(bits(got), bits(want)), (dtype, "unpickled plans")
 
 
 def test_cpu_plans_cover_every_kind():
