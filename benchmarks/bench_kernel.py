@@ -5,10 +5,11 @@ mask table + row ids, the peers get the gathered [rows, n_words] bitmask); resul
 torch reference first, then each is timed in this process (median of repeats, logits masked in place).
 Sweeps V (128256 Llama 3, 151936 Qwen3, 262144 Gemma), rows (1, 8) and mask density (one token, half, all but one).
 
-`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, each row planned afresh per call; CUDA: Triton);
-`constrain_planned` (CPU only) applies row plans cached across calls and looked up per table row, as `MaskProcessor`
-does per mask slot on CPU (the vLLM plugin asks its `PlanCache` per row); `constrain_eager` is the plain torch reference. Rows of one call are distinct table rows. The load average is
-printed and kept in the JSON: on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
+`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, no cache: the native pass per row; CUDA:
+Triton); `constrain_planned` (CPU only) applies row plans cached across calls and looked up per table row, as
+`MaskProcessor` does per mask slot on CPU (the vLLM plugin asks its `PlanCache` per row); `constrain_eager` is the
+plain torch reference. Rows of one call are distinct table rows. The load average is printed and kept in the JSON:
+on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
 
 Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--json PATH]
 """
