@@ -1,4 +1,4 @@
-"""The dense CPU mask pass in C: a contiguous logits row and its packed mask words → every blocked element set to -inf.
+"""The dense CPU mask pass in C: a contiguous logits row and its packed mask words → each blocked element set to -inf.
 
 The source below is built once per machine with the system C compiler (as inductor builds its CPU kernels) and loaded
 with ctypes; `load()` returns None where that fails, and callers fall back to `kernels.cpu_mask`'s compiled torch pass.
