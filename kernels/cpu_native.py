@@ -20,8 +20,9 @@ from pathlib import Path
 __all__ = ["NativePass", "load"]
 
 # On x86-64 with AVX-512 (F + BW) each 16 (32) mask bits are the mask register of one masked store of the -inf pattern:
-# allowed elements are not even read. Elsewhere a branchless blend that compilers vectorize. Both run on the calling
-# thread (no OpenMP: a thread pool stalls on a busy machine, `benchmarks/bench_kernel.py`).
+# allowed elements are not even read. Elsewhere a branchless blend that compilers vectorize (built for AVX2 too, picked
+# at run time). All run on the calling thread (no OpenMP: a thread pool stalls on a busy machine,
+# `benchmarks/bench_kernel.py`).
 _SOURCE = r"""
 #include <stdint.h>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -29,20 +30,36 @@ _SOURCE = r"""
 #define CONSTRAIN_X86 1
 #endif
 
-/* x[t] = neg for every t < width whose bit t % 32 of words[t / 32] is 0. */
-static void block32_generic(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg) {
-    for (int64_t t = 0; t < width; t++) {
-        uint32_t keep = 0u - ((words[t >> 5] >> (t & 31)) & 1u);
-        x[t] = (x[t] & keep) | (neg & ~keep);
-    }
-}
+static const uint32_t BIT[32] = {
+    1u << 0, 1u << 1, 1u << 2, 1u << 3, 1u << 4, 1u << 5, 1u << 6, 1u << 7, 1u << 8, 1u << 9, 1u << 10, 1u << 11,
+    1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22,
+    1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
 
-static void block16_generic(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg) {
-    for (int64_t t = 0; t < width; t++) {
-        uint16_t keep = (uint16_t)(0u - ((words[t >> 5] >> (t & 31)) & 1u));
-        x[t] = (uint16_t)((x[t] & keep) | (neg & (uint16_t)~keep));
-    }
-}
+/* x[t] = neg for every t < width whose bit t % 32 of words[t / 32] is 0: a branchless blend per word that compilers
+   vectorize (a constant bit table, not per-lane shifts, which SSE2 lacks). */
+#define BLOCK_BODY(T)                                                                                     \
+    int64_t full = width >> 5;                                                                            \
+    for (int64_t i = 0; i < full; i++) {                                                                  \
+        uint32_t m = words[i];                                                                            \
+        if (m == 0xFFFFFFFFu) continue;                                                                   \
+        T *p = x + (i << 5);                                                                              \
+        for (int j = 0; j < 32; j++) {                                                                    \
+            T keep = (m & BIT[j]) ? (T)~(T)0 : (T)0;                                                      \
+            p[j] = (T)((p[j] & keep) | (neg & (T)~keep));                                                 \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (int64_t t = full << 5; t < width; t++)                                                           \
+        if (!((words[t >> 5] >> (t & 31)) & 1u)) x[t] = neg;
+
+static void block32_generic(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg) { BLOCK_BODY(uint32_t) }
+static void block16_generic(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg) { BLOCK_BODY(uint16_t) }
+
+#ifdef CONSTRAIN_X86
+__attribute__((target("avx2")))
+static void block32_avx2(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg) { BLOCK_BODY(uint32_t) }
+__attribute__((target("avx2")))
+static void block16_avx2(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg) { BLOCK_BODY(uint16_t) }
+#endif
 
 #ifdef CONSTRAIN_X86
 __attribute__((target("avx512f")))
@@ -96,38 +113,40 @@ static void fill16_avx512(uint16_t *x, int64_t from, int64_t to, uint16_t v) {
 
 static inline void fill32(uint32_t *x, int64_t from, int64_t to, uint32_t v, int isa) {
 #ifdef CONSTRAIN_X86
-    if (isa && to - from >= 16) { fill32_avx512(x, from, to, v); return; }
+    if (isa == 2 && to - from >= 16) { fill32_avx512(x, from, to, v); return; }
 #endif
     for (int64_t t = from; t < to; t++) x[t] = v;
 }
 
 static inline void fill16(uint16_t *x, int64_t from, int64_t to, uint16_t v, int isa) {
 #ifdef CONSTRAIN_X86
-    if (isa && to - from >= 32) { fill16_avx512(x, from, to, v); return; }
+    if (isa == 2 && to - from >= 32) { fill16_avx512(x, from, to, v); return; }
 #endif
     for (int64_t t = from; t < to; t++) x[t] = v;
 }
 
-/* 1 when the AVX-512 paths can run here, else 0. */
+/* 2 when the AVX-512 (F + BW) paths can run here, 1 for AVX2, else 0. */
 int constrain_native_isa(void) {
 #ifdef CONSTRAIN_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-#else
-    return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return 2;
+    if (__builtin_cpu_supports("avx2")) return 1;
 #endif
+    return 0;
 }
 
 void constrain_block32(uint32_t *x, const uint32_t *words, int64_t width, uint32_t neg, int isa) {
 #ifdef CONSTRAIN_X86
-    if (isa) { block32_avx512(x, words, width, neg); return; }
+    if (isa == 2) { block32_avx512(x, words, width, neg); return; }
+    if (isa == 1) { block32_avx2(x, words, width, neg); return; }
 #endif
     block32_generic(x, words, width, neg);
 }
 
 void constrain_block16(uint16_t *x, const uint32_t *words, int64_t width, uint16_t neg, int isa) {
 #ifdef CONSTRAIN_X86
-    if (isa) { block16_avx512(x, words, width, neg); return; }
+    if (isa == 2) { block16_avx512(x, words, width, neg); return; }
+    if (isa == 1) { block16_avx2(x, words, width, neg); return; }
 #endif
     block16_generic(x, words, width, neg);
 }
@@ -176,7 +195,8 @@ _FLAGS = ["-O3", "-shared", "-fPIC"]
 class NativePass:
     """The loaded library: `block` masks one contiguous row by its words, `apply_row` by a row plan's fields.
 
-    `isa` is 1 where the AVX-512 path runs, else 0; tests may set it to 0 to run the portable path.
+    `isa` is the instruction set used: 2 AVX-512, 1 AVX2, 0 portable C (`native_isa`: the best this CPU runs); tests
+    lower it to run the other paths.
     """
 
     def __init__(self, lib: ctypes.CDLL):

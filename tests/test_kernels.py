@@ -196,9 +196,10 @@ def test_cpu_path_matches_reference(vocab, n_words, rows):
             assert torch.equal(bits(got), bits(want)), (dtype, layout, "cached plans")
 
 
-@pytest.fixture(params=["native", "portable", "torch"])
+@pytest.fixture(params=["native", "avx2", "portable", "torch"])
 def cpu_pass(request, monkeypatch):
-    """Each dense CPU pass in turn: the native one as built here, its portable C loop, and the compiled torch pass."""
+    """Each dense CPU pass in turn: the native one as this CPU runs it, its AVX2 and portable C loops (where they are
+    not what it runs anyway), and the compiled torch pass (no native pass)."""
     native = cpu_native.load()
     if request.param == "torch":
         monkeypatch.setattr(cpu_native, "load", lambda: None)
@@ -207,6 +208,10 @@ def cpu_pass(request, monkeypatch):
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    elif request.param == "avx2":
+        if native.native_isa < 1:
+            pytest.skip("this CPU has no AVX2")
+        monkeypatch.setattr(native, "isa", 1)
     elif request.param == "portable":
         monkeypatch.setattr(native, "isa", 0)
     return request.param
