@@ -11,7 +11,8 @@ Triton); `constrain_planned` (CPU only) applies row plans cached across calls an
 plain torch reference. Rows of one call are distinct table rows. The load average is printed and kept in the JSON:
 on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
 
-Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--json PATH]
+Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--native-isa 0|1|2]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import apply_token_mask  # noqa: E402
-from kernels import cpu_mask, torch_ref  # noqa: E402
+from kernels import cpu_mask, cpu_native, torch_ref  # noqa: E402
 
 VOCABS = {"llama3": 128256, "qwen3": 151936, "gemma4": 262144}
 DENSITIES = ("one", "half", "all_but_one")
@@ -120,6 +121,7 @@ def env_info(device: torch.device) -> dict:
         "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+        "native_isa": None if cpu_native.load() is None else cpu_native.load().isa,
         "versions": {p: ver(p) for p in ("torch", "triton", "xgrammar", "llguidance")},
     }
 
@@ -129,10 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CI mode: llama3 only, few repeats")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--native-isa", type=int, choices=(0, 1, 2), default=None,
+                    help="CPU: run the native pass as 2 AVX-512, 1 AVX2 or 0 portable C (default: the best here)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.native_isa is not None:
+        native = cpu_native.load()
+        if native is None or native.native_isa < args.native_isa:
+            raise SystemExit(f"the native pass cannot run at level {args.native_isa} here")
+        native.isa = args.native_isa
     device = torch.device(args.device)
     vocabs = {"llama3": VOCABS["llama3"]} if args.quick else VOCABS
     densities = ("half",) if args.quick else DENSITIES

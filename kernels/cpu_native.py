@@ -111,9 +111,17 @@ static void fill16_avx512(uint16_t *x, int64_t from, int64_t to, uint16_t v) {
 }
 #endif
 
+#ifdef CONSTRAIN_X86
+__attribute__((target("avx2")))
+static void fill32_avx2(uint32_t *x, int64_t from, int64_t to, uint32_t v) { for (int64_t t = from; t < to; t++) x[t] = v; }
+__attribute__((target("avx2")))
+static void fill16_avx2(uint16_t *x, int64_t from, int64_t to, uint16_t v) { for (int64_t t = from; t < to; t++) x[t] = v; }
+#endif
+
 static inline void fill32(uint32_t *x, int64_t from, int64_t to, uint32_t v, int isa) {
 #ifdef CONSTRAIN_X86
     if (isa == 2 && to - from >= 16) { fill32_avx512(x, from, to, v); return; }
+    if (isa == 1 && to - from >= 16) { fill32_avx2(x, from, to, v); return; }
 #endif
     for (int64_t t = from; t < to; t++) x[t] = v;
 }
@@ -121,6 +129,7 @@ static inline void fill32(uint32_t *x, int64_t from, int64_t to, uint32_t v, int
 static inline void fill16(uint16_t *x, int64_t from, int64_t to, uint16_t v, int isa) {
 #ifdef CONSTRAIN_X86
     if (isa == 2 && to - from >= 32) { fill16_avx512(x, from, to, v); return; }
+    if (isa == 1 && to - from >= 32) { fill16_avx2(x, from, to, v); return; }
 #endif
     for (int64_t t = from; t < to; t++) x[t] = v;
 }
