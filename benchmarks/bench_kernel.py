@@ -5,12 +5,14 @@ mask table + row ids, the peers get the gathered [rows, n_words] bitmask); resul
 torch reference first, then each is timed in this process (median of repeats, logits masked in place).
 Sweeps V (128256 Llama 3, 151936 Qwen3, 262144 Gemma), rows (1, 8) and mask density (one token, half, all but one).
 
-`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, each row planned afresh per call; CUDA: Triton);
-`constrain_planned` (CPU only) applies row plans cached across calls, as `MaskProcessor` and the vLLM plugin do on
-CPU; `constrain_eager` is the plain torch reference. Rows of one call are distinct table rows. The load average is
-printed and kept in the JSON: on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
+`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, no cache: the native pass per row; CUDA:
+Triton); `constrain_planned` (CPU only) applies row plans cached across calls and looked up per table row, as
+`MaskProcessor` does per mask slot on CPU (the vLLM plugin asks its `PlanCache` per row); `constrain_eager` is the
+plain torch reference. Rows of one call are distinct table rows. The load average is printed and kept in the JSON:
+on a shared machine, torch's thread pool on busy cores is noisy (try `--threads 1`).
 
-Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--json PATH]
+Usage: python benchmarks/bench_kernel.py [--quick] [--device cpu|cuda] [--threads N] [--native-isa 0|1|2]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import apply_token_mask  # noqa: E402
-from kernels import cpu_mask, torch_ref  # noqa: E402
+from kernels import cpu_mask, cpu_native, torch_ref  # noqa: E402
 
 VOCABS = {"llama3": 128256, "qwen3": 151936, "gemma4": 262144}
 DENSITIES = ("one", "half", "all_but_one")
@@ -59,13 +61,21 @@ def contenders(device: torch.device) -> dict:
     """name -> callable(logits, table, row_ids, bitmask); the peers only where installed."""
     out = {"constrain": lambda lg, tb, ids, bm: apply_token_mask(lg, tb, ids)}
     if device.type == "cpu":
-        cache, current = cpu_mask.PlanCache(), []  # plans by table row, for the table of the current case
+        # As MaskProcessor does per mask slot: a row's plan comes from the shared PlanCache once, then from a list.
+        cache, current = cpu_mask.PlanCache(), []  # [table of the current case, its plans by table row]
 
         def planned(lg, tb, ids, bm):
             if not current or current[0] is not tb:
                 cache.clear()
-                current[:] = [tb]
-            plans = [None if i < 0 else cache.get(i, tb[i].numpy(), lg.shape[1]) for i in ids.tolist()]
+                current[:] = [tb, [None] * tb.shape[0]]
+            by_row, vocab, plans = current[1], lg.shape[1], []
+            for i in ids.tolist():
+                plan = None
+                if i >= 0:
+                    plan = by_row[i]
+                    if plan is None or plan.vocab != vocab:
+                        plan = by_row[i] = cache.get(i, tb[i].numpy(), vocab)
+                plans.append(plan)
             cpu_mask.apply_planned(lg, plans)
 
         out["constrain_planned"] = planned
@@ -111,6 +121,7 @@ def env_info(device: torch.device) -> dict:
         "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
         "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+        "native_isa": None if cpu_native.load() is None else cpu_native.load().isa,
         "versions": {p: ver(p) for p in ("torch", "triton", "xgrammar", "llguidance")},
     }
 
@@ -120,10 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CI mode: llama3 only, few repeats")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--native-isa", type=int, choices=(0, 1, 2), default=None,
+                    help="CPU: run the native pass as 2 AVX-512, 1 AVX2 or 0 portable C (default: the best here)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.native_isa is not None:
+        native = cpu_native.load()
+        if native is None or native.native_isa < args.native_isa:
+            raise SystemExit(f"the native pass cannot run at level {args.native_isa} here")
+        native.isa = args.native_isa
     device = torch.device(args.device)
     vocabs = {"llama3": VOCABS["llama3"]} if args.quick else VOCABS
     densities = ("half",) if args.quick else DENSITIES

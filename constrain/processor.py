@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
@@ -19,6 +20,7 @@ from kernels.cpu_mask import PlanCache, RowPlan, apply_planned
 __all__ = ["MaskProcessor", "apply_token_mask"]
 
 _DEAD = -2  # slot marker of a node whose prefix left the language (resolved to an all-zero table row)
+_UNSET = object()  # a node whose CPU plan was not looked up yet
 
 # CPU plans of an index's mask rows, shared by every processor on that index (rows of an index never change, and a
 # `generate` call would otherwise replan each mask it meets: ~0.3 ms per dense row).
@@ -135,6 +137,7 @@ class MaskProcessor(LogitsProcessor):
         self._request: list[int] = []
         self._slot: list[int | None] = []
         self._child: dict[tuple[int, int], int] = {}
+        self._node_plan: list[Any] = []  # per node: its slot's CPU plan (None: unconstrained), or _UNSET
         self._roots: list[int] = [self._new_node(None if idx is None else idx.start(), 0, b)
                                   for b, idx in enumerate(per_request)]
         # Distinct masks used so far, host side, and their device copy (appended to, never rebuilt).
@@ -165,29 +168,22 @@ class MaskProcessor(LogitsProcessor):
         n_req = len(self._indexes)
         if rows % n_req:
             raise ValueError(f"{rows} rows cannot be split evenly over {n_req} requests")
-        generated = input_ids[:, self.prompt_length:].to("cpu")  # the one device→host transfer of a step
+        generated = input_ids[:, self.prompt_length:]
+        if generated.device.type != "cpu":
+            generated = generated.cpu()  # the one device→host transfer of a step
         nodes = self._nodes_for(generated, rows // n_req)
-        slots = [self._slot_for(n) for n in nodes]
         if scores.device.type == "cpu":
-            vocab_size = scores.shape[1]
-            if vocab_size != self._plan_vocab:
-                self._slot_plan = [None] * len(self._slot_plan)
-                self._plan_vocab = vocab_size
-            plans = []
-            for s in slots:
-                plan = None
-                if s != UNCONSTRAINED:
-                    plan = self._slot_plan[s]
-                    if plan is None:
-                        cache, key = self._plan_of[s]
-                        plan = self._slot_plan[s] = cache.get(key, self._host_rows[s], vocab_size)
-                plans.append(plan)
-            apply_planned(scores, plans)
+            apply_planned(scores, self._plans_for(nodes, scores.shape[1]))
             return scores
+        slots = [self._slot_for(n) for n in nodes]
         table = self._sync_table(scores.device)
         row_ids = torch.tensor(slots, dtype=torch.int32).to(scores.device, non_blocking=True)
         apply_token_mask(scores, table, row_ids)
         return scores
+
+    # transformers' LogitsProcessorList calls `inspect.signature(processor.__call__)` before every call (5.x); a
+    # precomputed signature spares it parsing this function again on every step.
+    __call__.__signature__ = inspect.signature(__call__)
 
     # ---- prefix → state
 
@@ -196,6 +192,7 @@ class MaskProcessor(LogitsProcessor):
         self._depth.append(depth)
         self._request.append(request)
         self._slot.append(None if cursor is not None or self._indexes[request] is None else _DEAD)
+        self._node_plan.append(_UNSET)
         return len(self._cursor) - 1
 
     def _step(self, node: int, token: int) -> int:
@@ -225,6 +222,18 @@ class MaskProcessor(LogitsProcessor):
 
     def _nodes_for(self, generated: torch.Tensor, per_request: int) -> list[int]:
         rows, length = generated.shape
+        prev = self._prev_ids
+        if (prev is not None and length and prev.shape[1] == length - 1 and prev.shape[0] == rows
+                and self._prev_requests is self._requests_of.get((rows, per_request))
+                and torch.equal(generated[:, :-1], prev)):
+            # Sampling / greedy: each row extends itself by one token (the fast path of every plain step).
+            child = self._child
+            nodes = []
+            for parent, token in zip(self._prev_nodes, generated[:, -1].tolist(), strict=True):
+                node = child.get((parent, token))
+                nodes.append(self._step(parent, token) if node is None else node)
+            self._prev_ids, self._prev_nodes = generated, nodes
+            return nodes
         requests = self._requests_of.get((rows, per_request))
         if requests is None:
             requests = self._requests_of[(rows, per_request)] = torch.arange(rows) // per_request
@@ -256,7 +265,29 @@ class MaskProcessor(LogitsProcessor):
         self._prev_ids, self._prev_nodes, self._prev_requests = generated, nodes, requests
         return nodes
 
-    # ---- masks on the device
+    # ---- masks
+
+    def _plans_for(self, nodes: list[int], vocab_size: int) -> list[RowPlan | None]:
+        """Each node's CPU plan for scores `vocab_size` wide (None: unconstrained), cached per node and per slot."""
+        if vocab_size != self._plan_vocab:
+            self._slot_plan = [None] * len(self._slot_plan)
+            self._node_plan = [_UNSET] * len(self._cursor)
+            self._plan_vocab = vocab_size
+        node_plan = self._node_plan
+        plans = []
+        for n in nodes:
+            plan = node_plan[n]
+            if plan is _UNSET:
+                s = self._slot_for(n)
+                plan = None
+                if s != UNCONSTRAINED:
+                    plan = self._slot_plan[s]
+                    if plan is None:
+                        cache, key = self._plan_of[s]
+                        plan = self._slot_plan[s] = cache.get(key, self._host_rows[s], vocab_size)
+                node_plan[n] = plan
+            plans.append(plan)
+        return plans
 
     def _slot_for(self, node: int) -> int:
         slot = self._slot[node]

@@ -1,4 +1,4 @@
-"""Token masks applied to CPU logits in place, single-threaded: sparse rows by token ids, dense rows by one fused loop.
+"""Token masks applied to CPU logits in place, single-threaded: sparse rows by token ids, dense rows by one native pass.
 
 Same semantics as `kernels.torch_ref.apply_token_mask`, bit for bit. A mask row becomes a `RowPlan` (the few allowed
 ids, the few blocked ids, or the packed words), which callers with stable rows cache across steps (`PlanCache`).
@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import torch
 
+from kernels import cpu_native
 from kernels.torch_ref import UNCONSTRAINED, check_inputs
 
 __all__ = ["PlanCache", "RowPlan", "apply_planned", "apply_token_mask", "plan_row"]
@@ -24,6 +25,8 @@ _NEG_INF = {
     torch.float16: (torch.int16, np.int16(np.float16("-inf").view(np.int16))),
     torch.bfloat16: (torch.int16, np.int16(-128)),  # 0xFF80: the high half of float32 -inf
 }
+# The same patterns as unsigned ints, with the element width, for the native pass.
+_NATIVE_NEG = {torch.float32: (32, 0xFF800000), torch.float16: (16, 0xFC00), torch.bfloat16: (16, 0xFF80)}
 # A sparse plan lists at most this many ids, so a cached plan stays under 64 KiB. Still cheaper than the fused pass
 # there: at 128k logits, 8192 allowed ids took ~22 us and 8192 blocked ids ~9 us against ~35 us for the pass.
 MAX_SPARSE_IDS = 8192
@@ -33,6 +36,7 @@ _SCAN_FRACTION = 32
 _SHIFTS = np.arange(32, dtype=np.int32)
 
 ALLOWED, BLOCKED, DENSE = "allowed", "blocked", "dense"
+_NATIVE_KIND = {ALLOWED: 0, BLOCKED: 1, DENSE: 2}
 
 
 class RowPlan:
@@ -43,11 +47,40 @@ class RowPlan:
     Tokens from `width` to `vocab` are never allowed, whatever the kind.
     """
 
-    __slots__ = ("kind", "vocab", "width", "ids", "words")
+    __slots__ = ("kind", "vocab", "width", "ids", "words", "native_args")
 
     def __init__(self, kind: str, vocab: int, width: int, *, ids: np.ndarray | None = None,
                  words: np.ndarray | None = None):
+        if words is not None:
+            words = np.ascontiguousarray(words, dtype=np.int32)
+        if ids is not None:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+        # The native pass writes by these ids and reads these words without bounds checks: check them once here.
+        if not 0 <= width <= vocab:
+            raise ValueError(f"width must lie in 0 .. vocab ({vocab}), got {width}")
+        if kind == DENSE and (words is None or 32 * words.size < width):
+            raise ValueError(f"a dense plan needs ceil(width / 32) = {(width + 31) // 32} words, got "
+                             f"{None if words is None else words.size}")
+        if kind in (ALLOWED, BLOCKED):
+            if ids is None or ids.ndim != 1:
+                raise ValueError(f"an {kind} plan needs 1-D ids")
+            if ids.size and (ids[0] < 0 or ids[-1] >= width or (ids.size > 1 and not (np.diff(ids) > 0).all())):
+                raise ValueError(f"ids must ascend strictly within 0 .. width - 1 ({width - 1})")
+        elif kind != DENSE:
+            raise ValueError(f"kind must be {ALLOWED!r}, {BLOCKED!r} or {DENSE!r}, got {kind!r}")
         self.kind, self.vocab, self.width, self.ids, self.words = kind, vocab, width, ids, words
+        # `NativePass.apply_row`'s plan arguments: it reads ids and words by address, and the plan holds both arrays.
+        self.native_args = cpu_native.NativePass.plan_args(
+            _NATIVE_KIND[kind], 0 if ids is None else ids.ctypes.data, 0 if ids is None else ids.size,
+            0 if words is None else words.ctypes.data, width)
+
+    def __reduce__(self):
+        # Addresses do not survive pickling: a copy is planned anew around its own arrays.
+        return (_remake_plan, (self.kind, self.vocab, self.width, self.ids, self.words))
+
+
+def _remake_plan(kind: str, vocab: int, width: int, ids: np.ndarray | None, words: np.ndarray | None) -> RowPlan:
+    return RowPlan(kind, vocab, width, ids=ids, words=words)
 
 
 def plan_row(words: np.ndarray, vocab: int, *, thorough: bool = True) -> RowPlan:
@@ -159,24 +192,49 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
             widths.add(plan.width)
     if len(widths) > 1:
         raise ValueError(f"dense plans of one call must share one width, got {sorted(widths)}")
+    native = cpu_native.load() if logits.stride(1) == 1 or vocab == 1 else None
+    if native is not None:
+        # One call into C per row: in a decoding loop this runs with the caches the model step has just swept, where
+        # each numpy or torch entry point costs several times its warm price (bench_e2e.py prints the processor's
+        # time per step inside generate).
+        element_bits, native_neg = _NATIVE_NEG[logits.dtype]
+        base, row_bytes = logits.data_ptr(), logits.stride(0) * logits.element_size()
+        apply_row = native.apply_row
+        for r, plan in enumerate(plans):
+            if plan is not None:
+                apply_row(base + r * row_bytes, vocab, element_bits, native_neg, plan.native_args)
+        return
     int_dtype, neg = _NEG_INF[logits.dtype]
-    x = logits.detach().view(int_dtype).numpy()  # shares memory and strides with the logits
+    det = logits.detach()
+    x = det.view(int_dtype).numpy()  # shares memory and strides with the logits
     dense: list[int] = []
+    # ALLOWED rows: save the allowed logits, fill each run of such rows with -inf at once (torch's fill is faster than
+    # numpy's on wide rows, and one fill per run than one per row), then put the saved logits back.
+    saved: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    run = -1
     for r, plan in enumerate(plans):
+        if plan is not None and plan.kind == ALLOWED:
+            row = x[r]
+            saved.append((row, plan.ids, row[plan.ids]))
+            if run < 0:
+                run = r
+            continue
+        if run >= 0:
+            det[run:r].fill_(float("-inf"))
+            run = -1
         if plan is None:
             continue
         row = x[r]
-        if plan.kind == ALLOWED:
-            saved = row[plan.ids]
-            row.fill(neg)
-            row[plan.ids] = saved
-            continue
         if plan.width < vocab:
             row[plan.width:] = neg
         if plan.kind == BLOCKED:
             row[plan.ids] = neg
         else:
             dense.append(r)
+    if run >= 0:
+        det[run:].fill_(float("-inf"))
+    for row, ids, values in saved:
+        row[ids] = values
     if dense:
         width = widths.pop()
         if len(dense) == rows:
@@ -189,11 +247,13 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
 
 
 def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """`kernels.torch_ref.apply_token_mask` for CPU tensors, bit for bit, planning each row afresh (no cache).
+    """`kernels.torch_ref.apply_token_mask` for CPU tensors, bit for bit, on the calling thread (no cache).
 
-    A row with few allowed (or few blocked) tokens in few words is written by token ids (a fill and a scatter), the
-    other rows by one compiled single-threaded pass; numpy and that pass keep to the calling thread (torch's thread
-    pool stalls on busy cores: `benchmarks/bench_kernel.py`).
+    Logits rows with unit column stride go straight through the native pass (`kernels.cpu_native`: a row of masked
+    stores costs about what planning it would). Elsewhere, or without the native pass, each row is planned afresh: a
+    row with few allowed (or few blocked) tokens in few words is written by token ids (a fill and a scatter), the
+    other rows by one compiled single-threaded pass. Nothing uses torch's thread pool (it stalls on busy cores:
+    `benchmarks/bench_kernel.py`).
 
     Raises:
         ValueError: see `check_inputs`; also a CPU-only contract, and row ids outside `-1 .. n_rows - 1`.
@@ -210,6 +270,21 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
     if lo < UNCONSTRAINED or hi >= n_rows:
         raise ValueError(f"row_ids must lie in -1 .. {n_rows - 1}, got {lo} .. {hi}")
     if hi == UNCONSTRAINED:
+        return
+    det = logits.detach()
+    native = cpu_native.load() if det.stride(1) == 1 or vocab == 1 else None
+    if native is not None:
+        table_t = mask_table if mask_table.stride(1) == 1 or n_words == 1 else mask_table.contiguous()
+        width = min(vocab, 32 * n_words)
+        element_bits, native_neg = _NATIVE_NEG[logits.dtype]
+        base, row_bytes = det.data_ptr(), det.stride(0) * det.element_size()
+        table_base, table_row_bytes = table_t.data_ptr(), table_t.stride(0) * 4
+        x = det.view(_NEG_INF[logits.dtype][0]).numpy() if width < vocab else None
+        for r, i in enumerate(ids.tolist()):
+            if i != UNCONSTRAINED:
+                native.block(base + r * row_bytes, table_base + i * table_row_bytes, width, element_bits, native_neg)
+                if x is not None:
+                    x[r, width:] = _NEG_INF[logits.dtype][1]
         return
     table = mask_table.numpy()
     seen: dict[int, RowPlan] = {}

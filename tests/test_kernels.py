@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
 import kernels
-from kernels import cpu_mask, torch_ref
+from kernels import cpu_mask, cpu_native, torch_ref
 
 if not torch.cuda.is_available():
     # Triton's interpreter runs the kernel on CPU tensors; it is read when the kernel is first launched.
@@ -195,6 +196,55 @@ def test_cpu_path_matches_reference(vocab, n_words, rows):
             assert torch.equal(bits(got), bits(want)), (dtype, layout, "cached plans")
 
 
+@pytest.fixture(params=["native", "avx2", "portable", "torch"])
+def cpu_pass(request, monkeypatch):
+    """Each dense CPU pass in turn: the native one as this CPU runs it, its AVX2 and portable C loops (where they are
+    not what it runs anyway), and the compiled torch pass (no native pass)."""
+    native = cpu_native.load()
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "load", lambda: None)
+    elif native is None:
+        message = "the native CPU mask pass did not build here (no C compiler?)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    elif request.param == "avx2":
+        if native.native_isa < 1:
+            pytest.skip("this CPU has no AVX2")
+        monkeypatch.setattr(native, "isa", 1)
+    elif request.param == "portable":
+        monkeypatch.setattr(native, "isa", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("vocab,n_words", CPU_CASES)
+def test_cpu_dense_passes_match_reference(cpu_pass, vocab, n_words):
+    table = density_table(n_words, vocab, seed=vocab)
+    row_ids = torch.tensor([5, 7, -1, 0, 6, 3, 1, 5, 2, 4], dtype=torch.int32)  # every density, one unconstrained
+    g = torch.Generator().manual_seed(vocab)
+    for dtype in DTYPES:
+        # Unit column stride (the native pass's layout), rows further apart than the vocabulary, at an odd offset.
+        buffer = torch.randn(len(row_ids), vocab + 7, generator=g).to(dtype)
+        want = buffer[:, 1:vocab + 1].clone()
+        torch_ref.apply_token_mask(want, table, row_ids)
+        whole = buffer.clone()
+        got = whole[:, 1:vocab + 1]
+        assert got.stride() == (vocab + 7, 1)
+        kernels.apply_token_mask(got, table, row_ids)
+        assert torch.equal(bits(got), bits(want)), (dtype, "per call")
+        outside = torch.ones(vocab + 7, dtype=torch.bool)
+        outside[1:vocab + 1] = False
+        assert torch.equal(bits(whole[:, outside]), bits(buffer[:, outside])), (dtype, "wrote outside the view")
+        got = buffer.clone()[:, 1:vocab + 1]
+        cpu_mask.apply_planned(got, [None if i < 0 else cpu_mask.plan_row(table[i].numpy(), vocab)
+                                     for i in row_ids.tolist()])
+        assert torch.equal(bits(got), bits(want)), (dtype, "planned")
+        got = buffer.clone()[:, 1:vocab + 1]  # plans that went through pickle (their addresses are remade)
+        cpu_mask.apply_planned(got, [None if i < 0 else pickle.loads(pickle.dumps(
+            cpu_mask.plan_row(table[i].numpy(), vocab))) for i in row_ids.tolist()])
+        assert torch.equal(bits(got), bits(want)), (dtype, "unpickled plans")
+
+
 def test_cpu_plans_cover_every_kind():
     vocab, n_words = 128320, 4009
     table = density_table(n_words, vocab, seed=0).numpy()
@@ -228,6 +278,12 @@ def test_cpu_path_bad_inputs_raise():
         cpu_mask.apply_planned(logits, [plan])  # one plan for two rows
     with pytest.raises(ValueError):
         cpu_mask.apply_planned(logits.double(), [plan, plan])
+    # Plans the native pass would read or write out of bounds by are refused when made.
+    for kind, kwargs in ((cpu_mask.ALLOWED, {"ids": np.array([3, 64])}), (cpu_mask.BLOCKED, {"ids": np.array([-1])}),
+                         (cpu_mask.BLOCKED, {"ids": np.array([5, 5])}), (cpu_mask.ALLOWED, {"ids": np.array([7, 2])}),
+                         (cpu_mask.DENSE, {"words": np.zeros(1, dtype=np.int32)}), ("sparse", {"ids": np.array([1])})):
+        with pytest.raises(ValueError):
+            cpu_mask.RowPlan(kind, 64, 64, **kwargs)
 
 
 # ---- real index tables: padding ids and EOS
