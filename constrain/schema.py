@@ -918,6 +918,8 @@ class _Compiler:
         count, and the product has 12.6k states, 10k minimised, instead of 181k), and one that cannot reach acceptance within the
         bounds is dropped. Minimised by intersecting with `Σ*` (`fa.intersect` trims and minimises).
         """
+        if shape.is_empty:
+            return fa.NOTHING
         n = shape.n_states
         cont = np.zeros(fa.N_BYTES, bool)
         cont[0x80:0xC0] = True  # UTF-8 continuation bytes: no new code point

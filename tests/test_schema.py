@@ -484,6 +484,12 @@ def test_length_bounds_equal_the_plain_counter_product(source):
         assert fa.compile(fa.difference(plain, mine)).is_empty, (lo, hi)
 
 
+def test_length_bounds_on_an_empty_pattern_language():
+    schema = {"type": "string", "allOf": [{"pattern": "^a+$"}, {"pattern": "^b+$"}], "minLength": 2}
+    assert not accepts({"anyOf": [schema, {"type": "null"}]}, '"aa"')
+    assert accepts({"anyOf": [schema, {"type": "null"}]}, "null")
+
+
 def test_email_with_a_long_max_length_fits_the_state_budget():
     # the plain product of email (172 states) with a 1,025-state counter built 181k states; only the 10 states on
     # a cycle need the count. (A generous time budget: this checks states, not speed.)
