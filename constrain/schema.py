@@ -915,8 +915,9 @@ class _Compiler:
 
         The product of `shape` with a code point counter, but a state whose every continuation fits the remaining
         bound forgets the count (it is saturated: for email with maxLength 1024 only the 10 states on a cycle
-        count, and the product has 12.6k states, 10k minimised, instead of 181k), and one that cannot reach acceptance within the
-        bounds is dropped. Minimised by intersecting with `Σ*` (`fa.intersect` trims and minimises).
+        count, and the product has 12.6k states, 10k minimised, where the plain product built 181k), and one that
+        cannot reach acceptance within the bounds is dropped. Minimised by intersecting with `Σ*` (`fa.intersect`
+        trims and minimises).
         """
         if shape.is_empty:
             return fa.NOTHING
@@ -1004,7 +1005,7 @@ class _Compiler:
             table.append(row)
         accepting = np.array([bool(shape.accepting[q]) and (c == saturated or lo <= c <= top) for q, c in order])
         product = fa.Dfa(np.array(table, np.int32).reshape(len(order), len(uniq)), accepting, class_of.astype(np.int32), ())
-        # minimised here (the product is not): unminimised, the enclosing compile determinises ~1.5x more states
+        # minimised here: `fa.compile` takes a `Dfa` as it is, and an unminimised one enlarges every enclosing determinisation
         everything = fa.repeat(fa.byte_set([(0, 255)]), 0)
         return fa.compile(fa.intersect(product, everything), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
 
