@@ -6,6 +6,7 @@ In: a format name. Out: an `automaton.Expr` whose language never exceeds python-
 from __future__ import annotations
 
 from typing import Callable
+from urllib.parse import urlsplit
 
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema
@@ -204,6 +205,58 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
+
+# The meta-schema URIs python-jsonschema 4.26 recognises in `$schema` (`validators._META_SCHEMAS`, compared after
+# `urlsplit(uri).geturl()`, which drops an empty fragment), and per draft the supported formats its FORMAT_CHECKER
+# asserts (`Draft*Validator.FORMAT_CHECKER.checkers`). A format a draft does not define is an annotation there.
+_META_SCHEMAS = {
+    "http://json-schema.org/draft-03/schema": "draft3",
+    "http://json-schema.org/draft-04/schema": "draft4",
+    "http://json-schema.org/draft-06/schema": "draft6",
+    "http://json-schema.org/draft-07/schema": "draft7",
+    "https://json-schema.org/draft/2019-09/schema": "draft2019-09",
+    "https://json-schema.org/draft/2020-12/schema": "draft2020-12",
+}
+_EARLY = frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri"})
+_ASSERTED = {
+    # draft 3 checks `time` as strptime("%H:%M:%S") (no offset), not RFC 3339: see `is_asserted`
+    "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
+    "draft4": _EARLY,
+    "draft6": _EARLY,
+    "draft7": _EARLY | {"date", "time"},
+    "draft2019-09": frozenset(SUPPORTED_FORMATS),
+    "draft2020-12": frozenset(SUPPORTED_FORMATS),
+}
+
+
+def draft_of(schema: object) -> str:
+    """The draft python-jsonschema validates `schema` under: its `$schema` when it names a known meta-schema, else
+    Draft 2020-12 (`validator_for`'s default, and the oracle's)."""
+    uri = schema.get("$schema") if isinstance(schema, dict) else None
+    if not isinstance(uri, str):
+        return "draft2020-12"
+    try:
+        normal = urlsplit(uri).geturl()
+    except ValueError:
+        return "draft2020-12"
+    return _META_SCHEMAS.get(normal, "draft2020-12")
+
+
+def is_asserted(name: str, draft: str, *, pointer: str = "") -> bool:
+    """Whether `format: name` asserts anything under `draft` (see `draft_of`).
+
+    A supported format that the draft does not define (draft 4 and 6: date, time, duration, uuid; draft 7: duration,
+    uuid) is an annotation under that draft, as python-jsonschema treats it: False. Names constrain does not
+    support are True, so that `format_expr` refuses them.
+
+    Raises:
+        UnsupportedSchema: draft 3's `time` (a different language: `HH:MM:SS` without offset).
+    """
+    if name not in _FORMATS:
+        return True
+    if draft == "draft3" and name == "time":
+        raise UnsupportedSchema("format 'time' under draft 3 (HH:MM:SS) is not supported", pointer=pointer)
+    return name in _ASSERTED.get(draft, _ASSERTED["draft2020-12"])
 
 
 def format_expr(name: str, *, pointer: str = "") -> fa.Expr:

@@ -264,3 +264,77 @@ def test_random_accepted_values_pass_the_checker(name, data):
     except UnicodeDecodeError as err:
         raise AssertionError(f"{name}: accepted bytes are not UTF-8: {raw!r}") from err
     assert CHECKER.conforms(value, name), value
+
+
+# --- formats per draft: a format the schema's draft does not define is an annotation, as python-jsonschema has it --
+
+
+def test_draft_of_follows_python_jsonschema_meta_schema_lookup():
+    from jsonschema.validators import validator_for
+
+    from constrain.formats import draft_of
+
+    names = {"Draft3Validator": "draft3", "Draft4Validator": "draft4", "Draft6Validator": "draft6",
+             "Draft7Validator": "draft7", "Draft201909Validator": "draft2019-09", "Draft202012Validator": "draft2020-12"}
+    for uri in ["http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-04/schema",
+                "http://json-schema.org/draft-06/schema#", "http://json-schema.org/draft-07/schema",
+                "https://json-schema.org/draft/2019-09/schema#", "https://json-schema.org/draft/2020-12/schema",
+                "https://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#/",
+                "http://json-schema.org/draft-04/schema##", "http://json-schema.org/schema#", "urn:x", ""]:
+        schema = {"$schema": uri}
+        assert draft_of(schema) == names[validator_for(schema, default=Draft202012Validator).__name__], uri
+    assert draft_of({}) == draft_of(True) == draft_of({"$schema": 4}) == "draft2020-12"
+
+
+@pytest.mark.parametrize("name", SUPPORTED_FORMATS)
+@pytest.mark.parametrize("draft", ["draft4", "draft6", "draft7", "draft2019-09", "draft2020-12"])
+def test_asserted_formats_are_the_ones_the_drafts_checker_checks(name, draft):
+    import jsonschema
+
+    from constrain.formats import is_asserted
+
+    cls = {"draft4": jsonschema.Draft4Validator, "draft6": jsonschema.Draft6Validator, "draft7": jsonschema.Draft7Validator,
+           "draft2019-09": jsonschema.Draft201909Validator, "draft2020-12": jsonschema.Draft202012Validator}[draft]
+    assert is_asserted(name, draft) == (name in cls.FORMAT_CHECKER.checkers)
+
+
+def test_draft3_time_is_refused():
+    from constrain.formats import is_asserted
+
+    with pytest.raises(UnsupportedSchema) as info:
+        is_asserted("time", "draft3", pointer="/format")
+    assert info.value.pointer == "/format"
+
+
+@pytest.mark.parametrize("uri,name,value", [
+    ("http://json-schema.org/draft-04/schema#", "uuid", "not-a-uuid"),
+    ("http://json-schema.org/draft-04/schema", "date", "2019-12-32"),
+    ("http://json-schema.org/draft-06/schema#", "time", "noon"),
+    ("http://json-schema.org/draft-07/schema#", "duration", "P1Y2D"),
+    ("http://json-schema.org/draft-07/schema#", "uuid", "x"),
+])
+def test_format_outside_the_schemas_draft_is_an_annotation(uri, name, value):
+    import jsonschema
+
+    from constrain.schema import compile_schema
+
+    schema = {"$schema": uri, "type": "object", "properties": {"v": {"type": "string", "format": name}}}
+    oracle = jsonschema.validators.validator_for(schema)
+    assert oracle(schema, format_checker=oracle.FORMAT_CHECKER).is_valid({"v": value})
+    compiled = compile_schema(schema)
+    assert compiled.dfa.matches(json.dumps({"v": value}, separators=(",", ":")).encode())
+    assert compiled.ignored_keywords == ["/properties/v/format"]
+    # inside `not` too: an annotation asserts nothing, so the operand is just a string
+    negated = compile_schema({"$schema": uri, "not": {"type": "string", "format": name}})
+    assert not negated.dfa.matches(json.dumps(value).encode()) and negated.dfa.matches(b"1")
+
+
+def test_format_of_the_schemas_draft_is_enforced():
+    from constrain.schema import compile_schema
+
+    for uri, name, bad in [("http://json-schema.org/draft-04/schema#", "date-time", '"2019-12-32T00:00:00Z"'),
+                           ("http://json-schema.org/draft-07/schema#", "date", '"2019-12-32"'),
+                           ("https://json-schema.org/draft/2019-09/schema", "uuid", '"x"'),
+                           ("urn:unknown", "uuid", '"x"')]:
+        compiled = compile_schema({"$schema": uri, "type": "string", "format": name})
+        assert not compiled.dfa.matches(bad.encode()) and compiled.ignored_keywords == [], (uri, name)

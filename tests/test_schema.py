@@ -461,3 +461,40 @@ def test_walk_reaches_long_texts_and_stops():
 def test_closed_objects_leaves_a_bare_object_free_form():
     # a parameter declared as just {"type": "object"} is a free-form mapping, not an empty object
     check({"type": "object"}, ['{}', '{"k":1}', '{"k":{"n":[1,"x"]}}'], ['[]'], closed_objects=True)
+
+
+# ---------------------------------------------------------------------------
+# length bounds on patterns and formats (the saturating product of `_Compiler.length_bounded`)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["^[a-z]+$", "^(ab|c)*d?$", "^é+x?$", "a", "^[0-9]{2,5}(-[a-f]+)?$", "format:email",
+                                    "format:hostname", "format:date", "format:ipv6"])
+def test_length_bounds_equal_the_plain_counter_product(source):
+    from constrain import formats, regex
+    from constrain.schema import SchemaOptions, _Compiler
+
+    expr = formats.format_expr(source[7:]) if source.startswith("format:") else regex.pattern_expr(source)
+    shape = fa.compile(expr)
+    compiler = _Compiler({}, SchemaOptions(), "")
+    for lo, hi in [(0, 0), (0, 1), (0, 3), (2, 2), (1, None), (5, None), (3, 7), (4, 12), (10, 40)]:
+        mine = fa.compile(compiler.length_bounded(shape, lo, hi, ""))
+        plain = fa.compile(fa.intersect(shape, fa.repeat(fa.ANY_CHAR, lo, hi)))
+        assert fa.compile(fa.difference(mine, plain)).is_empty, (lo, hi)
+        assert fa.compile(fa.difference(plain, mine)).is_empty, (lo, hi)
+
+
+def test_length_bounds_on_an_empty_pattern_language():
+    schema = {"type": "string", "allOf": [{"pattern": "^a+$"}, {"pattern": "^b+$"}], "minLength": 2}
+    assert not accepts({"anyOf": [schema, {"type": "null"}]}, '"aa"')
+    assert accepts({"anyOf": [schema, {"type": "null"}]}, "null")
+
+
+def test_email_with_a_long_max_length_fits_the_state_budget():
+    # the plain product of email (172 states) with a 1,025-state counter built 181k states; only the 10 states on
+    # a cycle need the count. (A generous time budget: this checks states, not speed.)
+    dfa = compile_schema({"type": "string", "format": "email", "maxLength": 1024}, timeout_s=120).dfa
+    for n in (1, 1012, 1013):  # 1,012 + len("@example.com") == 1,024
+        assert dfa.matches(f'"{"a" * n}@example.com"'.encode()) == (n <= 1012), n
+    assert dfa.matches(f'"{"a" * 1000}@{"b" * 23}"'.encode()) and not dfa.matches(f'"{"a" * 1000}@{"b" * 24}"'.encode())
+    assert not dfa.matches(b'"a@"')
