@@ -876,7 +876,17 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
         blocks_here = mb[starts]
         recomputed = np.diff(np.append(starts, len(m)))
         whole = recomputed == size[blocks_here]
-        block_key[blocks_here[whole]] = mk[starts[whole]]
+        if whole.any():
+            # a block recomputed whole keeps its id for its largest group (Hopcroft's smaller half: only the states
+            # that move make their predecessors recompute in the next round)
+            group_size = np.diff(np.append(np.flatnonzero(new_group), len(m)))
+            order = np.lexsort((-group_size, mb[new_group]))  # per block, largest group first
+            firsts = np.flatnonzero(new_group)[order]
+            first_in_block = np.ones(len(firsts), bool)
+            first_in_block[1:] = mb[firsts[1:]] != mb[firsts[:-1]]
+            largest = firsts[first_in_block]  # one position per recomputed block, in block order
+            whole_blocks = np.isin(mb[largest], blocks_here[whole])
+            block_key[mb[largest[whole_blocks]]] = mk[largest[whole_blocks]]
         stays = mk == block_key[mb]
         moved = ~stays
         if not moved.any():
