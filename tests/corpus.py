@@ -272,27 +272,32 @@ class CanonicalWriter:
 
     def _conjuncts(self, schemas: list[Any], data: Any, rank: dict[str, int] | None) -> tuple[list[dict], dict[str, int] | None]:
         """Flattened conjunction, with each anyOf/oneOf replaced by its first branch `data` is valid against, and
-        the key ranking in force for `data` (`rank` extended where a `not` or a `oneOf` mentioning one applies)."""
+        the key ranking in force for `data` (`rank` extended below a `oneOf` and under a `not`)."""
         flat: list[dict] = []
         for s in schemas:
             self._flatten(s, data, flat)
-        start = 0
-        while start < len(flat):
-            end = len(flat)
-            # anyOf branches are written before oneOf branches (the compiler expands anyOf first)
+        expanded: set[tuple[str, int]] = set()
+        while True:
+            # as the compiler: every anyOf first (its branches' anyOfs too), then the oneOfs, whose branches (the
+            # cross product when several merge) are written under one ranking of the names they and the rest mention
+            # (of the whole schema's names when they mention a `not`: `_Compiler.ranked`)
             for key in ("anyOf", "oneOf"):
-                for c in flat[start:end]:
-                    branches = c.get(key)
-                    if isinstance(branches, list) and branches:
-                        if key == "oneOf":
-                            # every branch under one ranking of the names the oneOf mentions (its `rest` and
-                            # branches), or of the whole schema's when it mentions a `not` (`_Compiler.ranked`)
-                            rest = _merged_view([{k: v for k, v in d.items() if k not in ("anyOf", "oneOf")} for d in flat[:end]])
-                            nodes = [rest, *branches]
-                            rank = self._ranked(rank, [self.root, *nodes] if _mentions_not(nodes) else nodes)
-                        chosen = next((b for b in branches if self._valid(b, data)), branches[0])
-                        self._flatten(chosen, data, flat)
-            start = end
+                todo = [i for i, c in enumerate(flat) if (key, i) not in expanded and isinstance(c.get(key), list) and c[key]]
+                if todo:
+                    break
+            else:
+                break
+            if key == "oneOf":
+                rest = _merged_view([{k: v for k, v in c.items() if k not in ("anyOf", "oneOf")} for c in flat])
+                combos: list[list[Any]] = [[]]
+                for i in todo:
+                    combos = [[*combo, b] for combo in combos for b in flat[i][key]]
+                nodes = [rest, *combos]
+                rank = self._ranked(rank, [self.root, *nodes] if _mentions_not(nodes) else nodes)
+            for i in todo:
+                expanded.add((key, i))
+                branches = flat[i][key]
+                self._flatten(next((b for b in branches if self._valid(b, data)), branches[0]), data, flat)
         # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text)
         if any("not" in c for c in flat) and not any("const" in c or "enum" in c for c in flat):
             rank = self._ranked(rank, [self.root, _merged_view(flat)])
