@@ -122,6 +122,14 @@ def test_writer_follows_if_then_else():
     assert _accepted(schema, text, max_depth=1)  # the `else` side's universe at depth 3 passes the time budget
 
 
+def test_writer_writes_contains_elements_with_the_contains_schema():
+    # an element valid against `contains` is written as allOf[items, contains]: the array needs one such text
+    schema = {"type": "array", "items": {"properties": {"b": {}}}, "contains": {"properties": {"a": {}, "k": {"const": 1}}, "required": ["k"]}}
+    text = _text(schema, [{"k": 1, "a": 0, "b": 0}, {"a": 0, "b": 0}])
+    assert text == '[{"b":0,"a":0,"k":1},{"b":0,"a":0}]'
+    assert _accepted(schema, text) and not _accepted(schema, '[{"b":0,"k":1,"a":0},{"b":0,"a":0}]')
+
+
 def test_writer_ranks_keys_below_a_oneof():
     # the names the oneOf mentions, in their first mention (x, k, y), order every object of every branch
     schema = {"oneOf": [
