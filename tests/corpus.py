@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import multiprocessing
 import multiprocessing.connection
 import random
@@ -192,11 +193,17 @@ class NotCanonicalisable(Exception):
 
 
 class CanonicalWriter:
-    """Writes instances of one schema in constrain's writing rules.
+    """Writes instances of one schema in constrain's writing rules (docs/guarantees.md).
 
     Object keys: the declared properties in schema order (after `$ref`; `allOf`: the parent's, then each part's new
-    ones; `anyOf`/`oneOf`: then the first branch the instance validates against), then undeclared keys in the
-    instance's order. Integral numbers without a fraction, other numbers without an exponent, strings as
+    ones; `anyOf`/`oneOf`: then the first branch the instance validates against; dependencies and `if`/`then`/`else`
+    as the allOf parts the compiler rewrites them to), then required names that no `properties` declares, in
+    `required` order, then undeclared keys in the instance's order. Below a `oneOf` every object, at any depth, orders
+    the names the oneOf mentions by their first mention there (unnamed keys last); under `not` (and a `oneOf` that
+    mentions one, the `else` side of `if`, the elements of a `maxContains` array) by the schema-wide ranking of every
+    name the schema mentions (constrain/schema.py `_Compiler.ranked`). A key's value is
+    written under its `properties` entry and every `patternProperties` entry it matches, else `additionalProperties`.
+    Integral numbers without a fraction, other numbers without an exponent, strings as
     `json.dumps(ensure_ascii=False)`. Compact separators unless `separators` says otherwise.
     """
 
@@ -207,7 +214,7 @@ class CanonicalWriter:
 
     def text(self, data: Any) -> bytes:
         try:
-            return self._write([self.root], data).encode("utf-8")
+            return self._write([self.root], data, None).encode("utf-8")
         except UnicodeEncodeError as err:
             raise NotCanonicalisable("lone surrogate in a string") from err
 
@@ -219,37 +226,124 @@ class CanonicalWriter:
         except Exception as err:  # referencing raises several unrelated classes
             raise NotCanonicalisable(f"cannot resolve $ref {ref!r}") from err
 
-    def _flatten(self, schema: Any, out: list[dict], chain: tuple[int, ...] = ()) -> None:
+    def _desugar(self, schema: dict, data: Any) -> dict:
+        """`schema` with dependencies and if/then/else as the allOf parts that hold for `data` (the compiler rewrites
+        them into anyOf parts: per dependency `name` absent or present with its requirement; `if`: allOf[if, then]
+        or allOf[not if, else])."""
+        if not any(k in schema for k in _DESUGARED):
+            return schema
+        out = {k: v for k, v in schema.items() if k not in _DESUGARED}
+        parts: list[Any] = []
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            deps = schema.get(key)
+            for name, need in deps.items() if isinstance(deps, dict) and isinstance(data, dict) else ():
+                if name not in data:
+                    continue
+                if isinstance(need, list) and key != "dependentSchemas":
+                    parts.append({"required": [name, *need]})
+                elif isinstance(need, (dict, bool)) and key != "dependentRequired" and need is not True and need != {}:
+                    parts.append({"allOf": [{"required": [name]}, need]})
+        if "if" in schema:
+            cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+            if cond is True:
+                parts.append(then)
+            elif cond is False:
+                parts.append(other)
+            elif then is not True or other is not True:
+                parts.append({"allOf": [cond, then]} if self._valid(cond, data) else {"allOf": [{"not": cond}, other]})
+        if not parts:
+            return out
+        return {**out, "allOf": [*out.get("allOf", []), *parts]} if isinstance(out.get("allOf", []), list) else out
+
+    def _flatten(self, schema: Any, data: Any, out: list[dict], chain: tuple[int, ...] = ()) -> None:
         if not isinstance(schema, dict) or id(schema) in chain:
             return
         chain = chain + (id(schema),)
+        schema = self._desugar(schema, data)
         if "$ref" in schema:
-            self._flatten(self._lookup(schema["$ref"]), out, chain)
+            self._flatten(self._lookup(schema["$ref"]), data, out, chain)
             schema = {k: v for k, v in schema.items() if k != "$ref"}
         if "allOf" in schema and isinstance(schema["allOf"], list):
-            self._flatten({k: v for k, v in schema.items() if k != "allOf"}, out, chain)
+            self._flatten({k: v for k, v in schema.items() if k != "allOf"}, data, out, chain)
             for part in schema["allOf"]:
-                self._flatten(part, out, chain)
+                self._flatten(part, data, out, chain)
             return
         out.append(schema)
 
-    def _conjuncts(self, schemas: list[Any], data: Any) -> list[dict]:
-        """Flattened conjunction, with each anyOf/oneOf replaced by its first branch `data` is valid against."""
+    def _conjuncts(self, schemas: list[Any], data: Any, rank: dict[str, int] | None) -> tuple[list[dict], dict[str, int] | None]:
+        """Flattened conjunction, with each anyOf/oneOf replaced by its first branch `data` is valid against, and
+        the key ranking in force for `data` (`rank` extended below a `oneOf` and under a `not`)."""
         flat: list[dict] = []
         for s in schemas:
-            self._flatten(s, flat)
-        start = 0
-        while start < len(flat):
-            end = len(flat)
-            # anyOf branches are written before oneOf branches (the compiler expands anyOf first)
+            self._flatten(s, data, flat)
+        expanded: set[tuple[str, int]] = set()
+        while True:
+            # as the compiler: every anyOf first (its branches' anyOfs too), then the oneOfs, whose branches (the
+            # cross product when several merge) are written under one ranking of the names they and the rest mention
+            # (of the whole schema's names when they mention a `not`: `_Compiler.ranked`)
             for key in ("anyOf", "oneOf"):
-                for c in flat[start:end]:
-                    branches = c.get(key)
-                    if isinstance(branches, list) and branches:
-                        chosen = next((b for b in branches if self._valid(b, data)), branches[0])
-                        self._flatten(chosen, flat)
-            start = end
-        return flat
+                todo = [i for i, c in enumerate(flat) if (key, i) not in expanded and isinstance(c.get(key), list) and c[key]]
+                if todo:
+                    break
+            else:
+                break
+            if key == "oneOf":
+                rest = _merged_view([{k: v for k, v in c.items() if k not in ("anyOf", "oneOf")} for c in flat])
+                combos: list[list[Any]] = [[]]
+                for i in todo:
+                    combos = [[*combo, b] for combo in combos for b in flat[i][key]]
+                nodes = [rest, *combos]
+                rank = self._ranked(rank, [self.root, *nodes] if _mentions_not(nodes) else nodes)
+            for i in todo:
+                expanded.add((key, i))
+                branches = flat[i][key]
+                self._flatten(next((b for b in branches if self._valid(b, data)), branches[0]), data, flat)
+        # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text)
+        if any("not" in c for c in flat) and not any("const" in c or "enum" in c for c in flat):
+            rank = self._ranked(rank, [self.root, _merged_view(flat)])
+        return flat, rank
+
+    def _ranked(self, rank: dict[str, int] | None, nodes: list[Any]) -> dict[str, int]:
+        """`rank` extended by every property name `nodes` mention, in the order of first mention (`properties`,
+        `required`, strings listed in `propertyNames`, dependencies; local `$ref`s followed where they occur)."""
+        out = dict(rank or {})
+        seen: set[int] = set()
+
+        def visit(node: Any) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    visit(item)
+                return
+            if not isinstance(node, dict) or id(node) in seen:
+                return
+            seen.add(id(node))
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                try:
+                    visit(self._lookup(ref))
+                except NotCanonicalisable:
+                    pass
+            for name in node["properties"] if isinstance(node.get("properties"), dict) else ():
+                out.setdefault(name, len(out))
+            for name in node["required"] if isinstance(node.get("required"), list) else ():
+                if isinstance(name, str):
+                    out.setdefault(name, len(out))
+            if "propertyNames" in node:
+                for name in _listed_strings(node["propertyNames"]):
+                    out.setdefault(name, len(out))
+            for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+                deps = node.get(key)
+                for name, need in deps.items() if isinstance(deps, dict) else ():
+                    out.setdefault(name, len(out))
+                    for other in need if isinstance(need, list) else ():
+                        if isinstance(other, str):
+                            out.setdefault(other, len(out))
+            for key, value in node.items():
+                if key not in ("enum", "const", "examples", "default"):
+                    visit(value)
+
+        visit(nodes)
+        return out
 
     def _valid(self, schema: Any, data: Any) -> bool:
         try:
@@ -257,41 +351,118 @@ class CanonicalWriter:
         except Exception:  # the oracle failing on one branch only makes the branch not chosen
             return False
 
-    def _write(self, schemas: list[Any], data: Any) -> str:
+    def _listed_value(self, conj: list[dict], data: Any, rank: dict[str, int] | None) -> str | None:
+        """The text of `data` when a const/enum lists it: its own key order (or the ranking's)."""
+        for c in conj:
+            for value in ([c["const"]] if "const" in c else []) + (c["enum"] if isinstance(c.get("enum"), list) else []):
+                if isinstance(value, (dict, list)) and _json_equal(value, data):
+                    return self._write([], value, rank)
+        return None
+
+    def _write(self, schemas: list[Any], data: Any, rank: dict[str, int] | None) -> str:
         if isinstance(data, dict):
-            conj = self._conjuncts(schemas, data)
-            for c in conj:  # a const/enum value is written in its own key order
-                for value in ([c["const"]] if "const" in c else []) + (c["enum"] if isinstance(c.get("enum"), list) else []):
-                    if isinstance(value, (dict, list)) and _json_equal(value, data):
-                        return self._write([], value)
+            conj, rank = self._conjuncts(schemas, data, rank)
+            listed = self._listed_value(conj, data, rank)
+            if listed is not None:
+                return listed
             order: list[str] = []
-            for c in conj:
-                props = c.get("properties")
-                if isinstance(props, dict):
-                    order += [k for k in props if k in data and k not in order]
+            for key in ("properties", "required"):  # declared names, then required names no properties declares
+                for c in conj:
+                    names = c.get(key)
+                    if isinstance(names, (dict, list)):
+                        order += [k for k in names if isinstance(k, str) and k in data and k not in order]
             order += [k for k in data if k not in order]
+            if rank is not None:
+                order.sort(key=lambda k: rank.get(k, len(rank)))
             members = []
             for k in order:
                 subs = []
                 for c in conj:
                     props = c.get("properties") if isinstance(c.get("properties"), dict) else {}
+                    patterns = c.get("patternProperties") if isinstance(c.get("patternProperties"), dict) else {}
+                    matching = [sub for pattern, sub in patterns.items() if _search(pattern, k)]
                     if k in props:
-                        subs.append(props[k])
+                        subs += [props[k], *matching]
+                    elif matching:
+                        subs += matching
                     elif isinstance(c.get("additionalProperties"), dict):
                         subs.append(c["additionalProperties"])
-                members.append(json.dumps(k, ensure_ascii=False) + self.colon + self._write(subs, data[k]))
+                members.append(json.dumps(k, ensure_ascii=False) + self.colon + self._write(subs, data[k], rank))
             return "{" + self.comma.join(members) + "}"
         if isinstance(data, list):
-            conj = self._conjuncts(schemas, data)
-            for c in conj:
-                for value in ([c["const"]] if "const" in c else []) + (c["enum"] if isinstance(c.get("enum"), list) else []):
-                    if isinstance(value, (dict, list)) and _json_equal(value, data):
-                        return self._write([], value)
+            conj, rank = self._conjuncts(schemas, data, rank)
+            listed = self._listed_value(conj, data, rank)
+            if listed is not None:
+                return listed
+            # an element valid against `contains` is written as one (allOf[its items schema, contains]); under
+            # `maxContains` every element is written in the schema-wide key ranking
+            counting = [c["contains"] for c in conj if "contains" in c and (c.get("minContains", 1) != 0 or "maxContains" in c)]
+            if any("contains" in c and "maxContains" in c for c in conj):
+                rank = self._ranked(rank, [self.root, _merged_view(conj)])
             items = []
             for i, v in enumerate(data):
-                items.append(self._write([s for c in conj if (s := _item_schema(c, i)) is not None], v))
+                subs = [s for c in conj if (s := _item_schema(c, i)) is not None]
+                subs += [s for s in counting if self._valid(s, v)]
+                items.append(self._write(subs, v, rank))
             return "[" + self.comma.join(items) + "]"
         return number_text(data) if isinstance(data, (int, float)) and not isinstance(data, bool) else json.dumps(data, ensure_ascii=False)
+
+
+# keywords the compiler rewrites into allOf parts (`constrain.schema._desugar`)
+_DESUGARED = frozenset({"dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else"})
+
+
+def _mentions_not(node: Any) -> bool:
+    """Whether a `not` (or a keyword the compiler rewrites with one: `if`, `maxContains`) occurs in `node`, `$ref`s not
+    followed (as the compiler decides whether a oneOf is written in the universe of `not`)."""
+    if isinstance(node, list):
+        return any(_mentions_not(x) for x in node)
+    if not isinstance(node, dict):
+        return False
+    return any(k in ("not", "if", "maxContains") or (k not in ("enum", "const") and _mentions_not(v)) for k, v in node.items())
+
+
+def _merged_view(conj: list[dict]) -> dict:
+    """The conjunction as one schema, for the order in which names are first mentioned (as the compiler's merged
+    schema: all `properties` names, then all `required` names, then the keywords' subschemas part by part)."""
+    view: dict[str, Any] = {}
+    for c in conj:
+        for k, v in c.items():
+            if k == "properties" and isinstance(v, dict) and isinstance(view.get(k, {}), dict):
+                props = view.setdefault(k, {})
+                for name, sub in v.items():
+                    props[name] = [props[name], sub] if name in props else sub
+            elif k == "required" and isinstance(v, list) and isinstance(view.get(k, []), list):
+                view[k] = list(dict.fromkeys([*view.get(k, []), *v]))
+            else:
+                view[k] = [view[k], v] if k in view else v
+    return view
+
+
+def _listed_strings(node: Any) -> list[str]:
+    """The strings in every `const` and `enum` inside `node` (a `propertyNames` schema's names)."""
+    out: list[str] = []
+    if isinstance(node, list):
+        for x in node:
+            out += _listed_strings(x)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "const" and isinstance(value, str):
+                out.append(value)
+            elif key == "enum" and isinstance(value, list):
+                out += [v for v in value if isinstance(v, str)]
+            elif key not in ("default", "examples"):
+                out += _listed_strings(value)
+    return out
+
+
+def _search(pattern: str, key: str) -> bool:
+    """Whether `pattern` matches `key` anywhere (as python-jsonschema reads patternProperties; an unreadable pattern
+    matches nothing here, and the oracle reports it)."""
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return False
 
 
 def _json_equal(a: Any, b: Any) -> bool:

@@ -88,6 +88,70 @@ def test_writer_recurses_into_items_and_additional_properties():
     assert _text(schema, data) == '[{"b":2,"a":1},{"k":{"d":2,"c":1}}]'
 
 
+def _accepted(schema, text, **options):
+    return compile_schema(schema, **{**corpus.OPTIONS, **options}).dfa.matches(text.encode())
+
+
+def test_writer_follows_pattern_properties():
+    schema = {
+        "additionalProperties": {"properties": {"z": {}, "y": {}}},
+        "patternProperties": {"^p": {"properties": {"b": {}, "a": {}}}},
+        "properties": {"p0": {"properties": {"d": {}}}},
+    }
+    text = _text(schema, {"p1": {"a": 1, "b": 2}, "q": {"y": 1, "z": 2}, "p0": {"a": 0, "d": 1}})
+    assert text == '{"p0":{"d":1,"a":0},"p1":{"b":2,"a":1},"q":{"z":2,"y":1}}'
+    assert _accepted(schema, text)
+
+
+def test_writer_writes_undeclared_required_names_in_required_order():
+    schema = {"properties": {"a": {}}, "required": ["c", "a", "b"]}
+    text = _text(schema, {"b": 1, "z": 0, "c": 2, "a": 3})
+    assert text == '{"a":3,"c":2,"b":1,"z":0}'
+    assert _accepted(schema, text) and not _accepted(schema, '{"a":3,"b":1,"c":2,"z":0}')
+    # dependencies: [name, its requirements], as `required` orders them
+    deps = {"properties": {"a": {}}, "dependentRequired": {"a": ["d", "c"]}}
+    text = _text(deps, {"c": 1, "d": 2, "a": 0})
+    assert text == '{"a":0,"d":2,"c":1}'
+    assert _accepted(deps, text)
+
+
+def test_writer_follows_if_then_else():
+    schema = {"if": {"properties": {"k": {"const": 1}}}, "then": {"properties": {"b": {}, "a": {}}}, "properties": {"x": {}}}
+    text = _text(schema, {"a": 0, "b": 0, "k": 1, "x": 0})
+    assert text == '{"x":0,"k":1,"b":0,"a":0}'
+    assert _accepted(schema, text, max_depth=1)  # the `else` side's universe at depth 3 passes the time budget
+
+
+def test_writer_writes_contains_elements_with_the_contains_schema():
+    # an element valid against `contains` is written as allOf[items, contains]: the array needs one such text
+    schema = {"type": "array", "items": {"properties": {"b": {}}}, "contains": {"properties": {"a": {}, "k": {"const": 1}}, "required": ["k"]}}
+    text = _text(schema, [{"k": 1, "a": 0, "b": 0}, {"a": 0, "b": 0}])
+    assert text == '[{"b":0,"a":0,"k":1},{"b":0,"a":0}]'
+    assert _accepted(schema, text) and not _accepted(schema, '[{"b":0,"k":1,"a":0},{"b":0,"a":0}]')
+
+
+def test_writer_ranks_keys_below_a_oneof():
+    # the names the oneOf mentions, in their first mention (x, k, y), order every object of every branch
+    schema = {"oneOf": [
+        {"properties": {"x": {}, "k": {"const": 1}}, "required": ["k"]},
+        {"properties": {"y": {}, "x": {}, "k": {"const": 2}}, "required": ["k"]},
+    ]}
+    text = _text(schema, {"y": 1, "x": 2, "k": 2})
+    assert text == '{"x":2,"k":2,"y":1}'
+    assert _accepted(schema, text) and not _accepted(schema, '{"y":1,"x":2,"k":2}')
+
+
+def test_writer_ranks_keys_under_not_schema_wide():
+    # under `not`, the ranking is every name of the whole schema in first-mention order: o, a, c, b
+    schema = {
+        "$defs": {"d": {"properties": {"a": {}, "c": {}}}},
+        "properties": {"o": {"properties": {"b": {}, "a": {}}, "not": {"required": ["c"]}}},
+    }
+    text = _text(schema, {"o": {"b": 1, "a": 2}})
+    assert text == '{"o":{"a":2,"b":1}}'
+    assert _accepted(schema, text) and not _accepted(schema, '{"o":{"b":1,"a":2}}')
+
+
 def test_writer_numbers_strings_and_const_order():
     assert _text({}, [1.0, -0.0, 2.5, 1e-7, 12345678901234567890, "é\n\u2028"]) == '[1,0,2.5,0.0000001,12345678901234567890,"é\\n\u2028"]'
     assert _text({"const": {"b": 1, "a": [2]}}, {"a": [2.0], "b": 1}) == '{"b":1,"a":[2]}'
