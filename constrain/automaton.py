@@ -1615,7 +1615,7 @@ def _determinised(expr: Expr, budget: _Budget, memo: _Memo | None = None, specia
 
 def compile(  # noqa: A001
     expr: Expr, *, max_states: int = 200_000, deadline: float | None = None, pointer: str = "",
-    pointers: dict[int, str] | None = None,
+    pointers: dict[int, str] | None = None, parts: list[tuple[int, str]] | None = None,
 ) -> Dfa:
     """Compile an expression to a deterministic, trimmed automaton.
 
@@ -1634,6 +1634,8 @@ def compile(  # noqa: A001
         pointer: JSON Pointer reported in a budget error.
         pointers: `id(sub-expression)` → JSON Pointer, for sub-expressions of `expr` (kept alive by it): a budget
             error raised while one of them was built or determinised reports the innermost one's pointer instead.
+        parts: if given, receives `(states, pointer)` of every pointed sub-expression compiled on its own (what a
+            caller names when a later step, such as the token index, runs out of time).
     Returns:
         The `Dfa` (empty: `n_states == 0` when the language is empty).
     Raises:
@@ -1641,7 +1643,11 @@ def compile(  # noqa: A001
     """
     _pause_gc()
     try:
-        return _compile(expr, _Budget(max_states, deadline, pointer, pointers), _Memo())
+        memo = _Memo()
+        dfa = _compile(expr, _Budget(max_states, deadline, pointer, pointers), memo)
+        if parts is not None and pointers:
+            parts.extend((d.n_states, pointers[id(e)]) for e, d in memo.dfas.items() if id(e) in pointers)
+        return dfa
     except BudgetExceeded as err:
         # The traceback's frames hold the stopped compile's NFA and state sets (millions of objects): drop them here,
         # while the collector is still paused, so they are freed by reference counts alone. (Freeing them is what a

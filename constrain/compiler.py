@@ -150,5 +150,6 @@ def compile_index(
             "thinking": think,
             "relaxed": grammar.relaxed if grammar else (),
             "ignored_keywords": grammar.ignored if grammar else (),
+            "largest_part": grammar.largest if grammar else "",  # named when the index runs out of time
         }
     return index

@@ -375,6 +375,7 @@ class Engine:
                 with deadline.active():
                     index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking,
                                           deadline=deadline)
+                    box["index"] = index
                     box["result"] = (index, index.min_tokens_from_start() if self.constrained else 0)
             except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job
                 box["error"] = err
@@ -409,6 +410,9 @@ class Engine:
             pointer = "/response_format" if not calls and job.request.response_format is not None else "/tools"
             if err is not None and err.pointer:
                 pointer = err.pointer
+            elif "index" in box:
+                # the automaton was built; its token-level tables ran out of time: name the part with most states
+                pointer = (getattr(box["index"], "meta", None) or {}).get("largest_part") or pointer
             refusal = UnsupportedSchema(
                 f"compiling this request's constraints did not finish within the server's {self.compile_timeout:g} s "
                 "compile budget; simplify the schemas", pointer=pointer, code="budget_exceeded")

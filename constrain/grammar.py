@@ -204,6 +204,7 @@ class ToolGrammar:
     expr: fa.Expr
     relaxed: tuple[tuple[str, str, str], ...]  # (tool name, pointer, reason)
     ignored: tuple[str, ...]
+    largest: str = ""  # the pointer of the part with the most states (`CompiledSchema.largest` of the largest schema)
 
 
 def argument_syntax(fmt: Format, special_ids: Mapping[str, int]) -> JsonSyntax:
@@ -261,6 +262,7 @@ def compile_policy_grammar(
     text = _free_text(fmt)
     relaxed: list[tuple[str, str, str]] = []
     ignored: list[str] = []
+    sizes: list[tuple[int, str]] = []
 
     content: fa.Expr = text
     rf = getattr(policy, "response_format", None)
@@ -268,6 +270,7 @@ def compile_policy_grammar(
         compiled = compile_arguments(rf.schema, pointer="/response_format/json_schema/schema", strict=bool(rf.strict),
                                      whitespace="compact" if rf.strict else "flexible")
         content = compiled.dfa
+        sizes.append((compiled.dfa.n_states, getattr(compiled, "largest", "") or "/response_format/json_schema/schema"))
     elif rf is not None and getattr(rf, "type", "text") == "json_object":
         compiled = compile_arguments({"type": "object"}, pointer="/response_format")
         content = compiled.dfa
@@ -295,6 +298,7 @@ def compile_policy_grammar(
                                          syntax=syntax)
             relaxed += [(name, p, why) for p, why in compiled.relaxed]
             ignored += compiled.ignored_keywords
+            sizes.append((compiled.dfa.n_states, getattr(compiled, "largest", "") or pointer))
             per_tool.append(translator(fa.literal(name.encode()), compiled.dfa).rule("call"))
 
     if thinking and not fmt.has("think"):
@@ -314,7 +318,7 @@ def compile_policy_grammar(
 
     call = fa.union(*per_tool) if per_tool else fa.NOTHING
     body = build(turn_structure(fmt, policy, thinking))
-    return ToolGrammar(body, tuple(relaxed), tuple(ignored))
+    return ToolGrammar(body, tuple(relaxed), tuple(ignored), max(sizes)[1] if sizes else "")
 
 
 def turn_structure(fmt: Format, policy: Any, thinking: bool) -> tuple:

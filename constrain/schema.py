@@ -151,6 +151,8 @@ class CompiledSchema:
     dfa: fa.Dfa
     ignored_keywords: list[str] = field(default_factory=list)
     relaxed: list[tuple[str, str]] = field(default_factory=list)  # (pointer, reason) of skipped assertions
+    # the deepest keyword whose automaton holds more than half of `dfa`'s states, else the schema (`largest_part`)
+    largest: str = ""
 
 
 def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> CompiledSchema:
@@ -187,7 +189,8 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         check_strict(schema, pointer, True)
     compiler = _Compiler(schema, opts, pointer)
     expr = compiler.value(schema, pointer, ())
-    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers)
+    parts: list[tuple[int, str]] = []
+    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers, parts=parts)
     if dfa.is_empty:
         universe = (
             "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
@@ -198,7 +201,15 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
             f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth}{universe})",
             pointer=pointer,
         )
-    return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)))
+    return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)), largest_part(parts, dfa.n_states, pointer))
+
+
+def largest_part(parts: list[tuple[int, str]], states: int, pointer: str) -> str:
+    """Where most of a schema's automaton comes from: the deepest pointed part that holds more than half of its
+    `states` (a `pattern` rather than the property holding it), else `pointer`. Named when a step after the
+    schema's own compile (the token index) runs out of time."""
+    major = [p for n, p in parts if 2 * n > states]
+    return max(major, key=lambda p: (p.count("/"), len(p))) if major else pointer
 
 
 # ---------------------------------------------------------------------------

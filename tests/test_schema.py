@@ -498,3 +498,15 @@ def test_email_with_a_long_max_length_fits_the_state_budget():
         assert dfa.matches(f'"{"a" * n}@example.com"'.encode()) == (n <= 1012), n
     assert dfa.matches(f'"{"a" * 1000}@{"b" * 23}"'.encode()) and not dfa.matches(f'"{"a" * 1000}@{"b" * 24}"'.encode())
     assert not dfa.matches(b'"a@"')
+
+
+def test_largest_part_names_the_keyword_that_holds_most_states():
+    """What a server names when the token index of a compiled request runs out of time: the deepest keyword whose
+    automaton holds most of the states, else the schema itself."""
+    big = compile_schema({"type": "object", "properties": {"v": {"type": "string", "pattern": "^[a-z]{1,3000}$"},
+                                                           "w": {"type": "integer"}}, "required": ["v"]},
+                         pointer="/tools/1/function/parameters", whitespace="compact")
+    assert big.largest == "/tools/1/function/parameters/properties/v/pattern"
+    small = compile_schema({"type": "object", "properties": {"v": {"type": "string"}, "w": {"type": "integer"}}},
+                           pointer="/tools/0/function/parameters", whitespace="compact")
+    assert small.largest == "/tools/0/function/parameters"
