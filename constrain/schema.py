@@ -11,7 +11,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -318,13 +318,54 @@ def _listed_strings(node: Any) -> list[str]:
     return out
 
 
-def _mentions_not(node: Any) -> bool:
+def ranked_names(nodes: Any, rank: dict[str, int] | None, lookup: Callable[[str], Any]) -> dict[str, int]:
+    """`rank` extended by every property name `nodes` mention, in the order of first mention: `properties`,
+    `required`, strings listed in `propertyNames`, dependency names; local `$ref`s followed through `lookup` (None:
+    not followed). The key order below a `oneOf` or `not` (docs/guarantees.md), shared with the corpus writer."""
+    out = dict(rank or {})
+    seen: set[int] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+            return
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            visit(lookup(ref))
+        for name in node["properties"] if isinstance(node.get("properties"), dict) else ():
+            out.setdefault(name, len(out))
+        for name in node["required"] if isinstance(node.get("required"), list) else ():
+            if isinstance(name, str):
+                out.setdefault(name, len(out))
+        if "propertyNames" in node:  # the names it lists may all be keys: give them slots too
+            for name in _listed_strings(node["propertyNames"]):
+                out.setdefault(name, len(out))
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            deps = node.get(key)
+            for name, need in deps.items() if isinstance(deps, dict) else ():
+                out.setdefault(name, len(out))
+                for other in need if isinstance(need, list) else ():
+                    if isinstance(other, str):
+                        out.setdefault(other, len(out))
+        for key, value in node.items():
+            if key not in ("enum", "const", "examples", "default"):
+                visit(value)
+
+    visit(nodes)
+    return out
+
+
+def mentions_not(node: Any) -> bool:
     """Whether a `not` (or a keyword rewritten with one) occurs anywhere in `node`."""
     if isinstance(node, list):
-        return any(_mentions_not(x) for x in node)
+        return any(mentions_not(x) for x in node)
     if not isinstance(node, dict):
         return False
-    return any(k in ("not", "if", "maxContains") or (k not in ("enum", "const") and _mentions_not(v)) for k, v in node.items())
+    return any(k in ("not", "if", "maxContains") or (k not in ("enum", "const") and mentions_not(v)) for k, v in node.items())
 
 
 def _canonical_text(value: Any, rank: dict[str, int] | None) -> str:
@@ -439,43 +480,14 @@ class _Compiler:
 
     def ranked(self, schemas: list[Any]) -> "_Compiler":
         """This compiler with a key ranking covering every property name mentioned in `schemas` (see `key_rank`)."""
-        rank = dict(self.key_rank or {})
-        seen: set[int] = set()
 
-        def visit(node: Any) -> None:
-            if isinstance(node, list):
-                for item in node:
-                    visit(item)
-                return
-            if not isinstance(node, dict) or id(node) in seen:
-                return
-            seen.add(id(node))
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                try:
-                    visit(self.lookup(ref, "")[0])
-                except (InvalidSchema, UnsupportedSchema):
-                    pass  # the compile itself reports a bad $ref where it meets it
-            for name in list((node.get("properties") or {}) if isinstance(node.get("properties"), dict) else ()):
-                rank.setdefault(name, len(rank))
-            for name in node.get("required") or () if isinstance(node.get("required"), list) else ():
-                if isinstance(name, str):
-                    rank.setdefault(name, len(rank))
-            if "propertyNames" in node:  # the names it lists may all be keys: give them slots too
-                for name in _listed_strings(node["propertyNames"]):
-                    rank.setdefault(name, len(rank))
-            for key in ("dependencies", "dependentRequired", "dependentSchemas"):
-                deps = node.get(key)
-                for name, need in deps.items() if isinstance(deps, dict) else ():
-                    rank.setdefault(name, len(rank))
-                    for other_name in need if isinstance(need, list) else ():
-                        if isinstance(other_name, str):
-                            rank.setdefault(other_name, len(rank))
-            for key, value in node.items():
-                if key not in ("enum", "const", "examples", "default"):
-                    visit(value)
+        def lookup(ref: str) -> Any:
+            try:
+                return self.lookup(ref, "")[0]
+            except (InvalidSchema, UnsupportedSchema):
+                return None  # the compile itself reports a bad $ref where it meets it
 
-        visit(schemas)
+        rank = ranked_names(schemas, self.key_rank, lookup)
         if self.key_rank is not None and len(rank) == len(self.key_rank):
             return self
         self._ranks.append(rank)
@@ -742,7 +754,7 @@ class _Compiler:
                     raise InvalidSchema(f"'{key}' must be a non-empty array", pointer=join_pointer(pointer, key))
                 rest = {k: v for k, v in schema.items() if k != key}
                 compiler = self if key == "anyOf" else self.ranked([rest, *branches])
-                if key == "oneOf" and _mentions_not([rest, *branches]):
+                if key == "oneOf" and mentions_not([rest, *branches]):
                     compiler = self.ranked([self.root, rest, *branches])
                 exprs = []
                 for i, branch in enumerate(branches):
@@ -751,7 +763,7 @@ class _Compiler:
                     exprs.append(compiler.value(combined, bp, refs))
                 if key == "anyOf":
                     return fa.union(*exprs)
-                if _mentions_not([rest, *branches]):
+                if mentions_not([rest, *branches]):
                     # a branch with `not` writes its values only in the universe's form: so must the others, or a
                     # value valid in two branches could have a text in one only
                     universe = compiler.universe(self.opts.max_depth)
@@ -1102,7 +1114,7 @@ class _Compiler:
             # filter the values by the other keywords, checked in plain JSON whatever the output syntax, each value
             # written in the writing rules (under `not`: keys in the ranking's order, see `complement`)
             checker = self.nested(JsonSyntax("compact"))
-            if _mentions_not(rest):
+            if mentions_not(rest):
                 checker = checker.ranked([self.root, rest])
             check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             kept = [v for v in values if check.matches(_canonical_text(v, checker.key_rank).encode())]

@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable
 import jsonschema
 from paths import DATA  # noqa: E402
 
+from constrain.schema import mentions_not, ranked_names  # the key order the writing rules give (not validity)
+
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
 
@@ -293,7 +295,7 @@ class CanonicalWriter:
                 for i in todo:
                     combos = [[*combo, b] for combo in combos for b in flat[i][key]]
                 nodes = [rest, *combos]
-                rank = self._ranked(rank, [self.root, *nodes] if _mentions_not(nodes) else nodes)
+                rank = self._ranked(rank, [self.root, *nodes] if mentions_not(nodes) else nodes)
             for i in todo:
                 expanded.add((key, i))
                 branches = flat[i][key]
@@ -306,44 +308,14 @@ class CanonicalWriter:
     def _ranked(self, rank: dict[str, int] | None, nodes: list[Any]) -> dict[str, int]:
         """`rank` extended by every property name `nodes` mention, in the order of first mention (`properties`,
         `required`, strings listed in `propertyNames`, dependencies; local `$ref`s followed where they occur)."""
-        out = dict(rank or {})
-        seen: set[int] = set()
 
-        def visit(node: Any) -> None:
-            if isinstance(node, list):
-                for item in node:
-                    visit(item)
-                return
-            if not isinstance(node, dict) or id(node) in seen:
-                return
-            seen.add(id(node))
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                try:
-                    visit(self._lookup(ref))
-                except NotCanonicalisable:
-                    pass
-            for name in node["properties"] if isinstance(node.get("properties"), dict) else ():
-                out.setdefault(name, len(out))
-            for name in node["required"] if isinstance(node.get("required"), list) else ():
-                if isinstance(name, str):
-                    out.setdefault(name, len(out))
-            if "propertyNames" in node:
-                for name in _listed_strings(node["propertyNames"]):
-                    out.setdefault(name, len(out))
-            for key in ("dependencies", "dependentRequired", "dependentSchemas"):
-                deps = node.get(key)
-                for name, need in deps.items() if isinstance(deps, dict) else ():
-                    out.setdefault(name, len(out))
-                    for other in need if isinstance(need, list) else ():
-                        if isinstance(other, str):
-                            out.setdefault(other, len(out))
-            for key, value in node.items():
-                if key not in ("enum", "const", "examples", "default"):
-                    visit(value)
+        def lookup(ref: str) -> Any:
+            try:
+                return self._lookup(ref)
+            except NotCanonicalisable:
+                return None
 
-        visit(nodes)
-        return out
+        return ranked_names(nodes, rank, lookup)
 
     def _valid(self, schema: Any, data: Any) -> bool:
         try:
@@ -412,16 +384,6 @@ class CanonicalWriter:
 _DESUGARED = frozenset({"dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else"})
 
 
-def _mentions_not(node: Any) -> bool:
-    """Whether a `not` (or a keyword the compiler rewrites with one: `if`, `maxContains`) occurs in `node`, `$ref`s not
-    followed (as the compiler decides whether a oneOf is written in the universe of `not`)."""
-    if isinstance(node, list):
-        return any(_mentions_not(x) for x in node)
-    if not isinstance(node, dict):
-        return False
-    return any(k in ("not", "if", "maxContains") or (k not in ("enum", "const") and _mentions_not(v)) for k, v in node.items())
-
-
 def _merged_view(conj: list[dict]) -> dict:
     """The conjunction as one schema, for the order in which names are first mentioned (as the compiler's merged
     schema: all `properties` names, then all `required` names, then the keywords' subschemas part by part)."""
@@ -437,23 +399,6 @@ def _merged_view(conj: list[dict]) -> dict:
             else:
                 view[k] = [view[k], v] if k in view else v
     return view
-
-
-def _listed_strings(node: Any) -> list[str]:
-    """The strings in every `const` and `enum` inside `node` (a `propertyNames` schema's names)."""
-    out: list[str] = []
-    if isinstance(node, list):
-        for x in node:
-            out += _listed_strings(x)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            if key == "const" and isinstance(value, str):
-                out.append(value)
-            elif key == "enum" and isinstance(value, list):
-                out += [v for v in value if isinstance(v, str)]
-            elif key not in ("default", "examples"):
-                out += _listed_strings(value)
-    return out
 
 
 def _search(pattern: str, key: str) -> bool:
