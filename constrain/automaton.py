@@ -870,8 +870,8 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
         first_of_block = np.ones(len(m), bool)
         first_of_block[1:] = mb[1:] != mb[:-1]
         group_id = np.cumsum(new_group) - 1
-        # per block: how many of its members were recomputed (all of them: the block's first group keeps its id and
-        # sets its key; some: the group with the old key, if any, stays)
+        # per block: how many of its members were recomputed (all of them: its largest group keeps the id and sets
+        # the key; some: the group with the block's standing key, if any, stays with the members not recomputed)
         starts = np.flatnonzero(first_of_block)
         blocks_here = mb[starts]
         recomputed = np.diff(np.append(starts, len(m)))
@@ -884,9 +884,8 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
             firsts = np.flatnonzero(new_group)[order]
             first_in_block = np.ones(len(firsts), bool)
             first_in_block[1:] = mb[firsts[1:]] != mb[firsts[:-1]]
-            largest = firsts[first_in_block]  # one position per recomputed block, in block order
-            whole_blocks = np.isin(mb[largest], blocks_here[whole])
-            block_key[mb[largest[whole_blocks]]] = mk[largest[whole_blocks]]
+            largest = firsts[first_in_block]  # one position per recomputed block, in block order (as blocks_here)
+            block_key[blocks_here[whole]] = mk[largest[whole]]
         stays = mk == block_key[mb]
         moved = ~stays
         if not moved.any():
@@ -1198,7 +1197,7 @@ def _star(g: _Glued) -> _Glued | None:
         return None
     table = g.table.copy()
     table[final] = np.where(out >= 0, out, g.table[g.start])
-    return _optional(_Glued(table, g.accepting, g.start)) if not g.accepting[g.start] else _Glued(table, g.accepting, g.start)
+    return _optional(_Glued(table, g.accepting, g.start))  # unchanged when g accepts at its start already
 
 
 def _glue_all(parts: Sequence[_Glued], budget: _Budget) -> _Glued | None:
