@@ -7,6 +7,7 @@ and built from minimal parts when large parts are glued side by side (see "Compo
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import hashlib
 import threading
@@ -17,6 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from constrain import native as _native
 from constrain.errors import InternalError, UnsupportedSchema
 
 N_BYTES = 256
@@ -48,10 +50,12 @@ class Deadline:
             raise InternalError(f"give seconds or expires_at, not both (got {seconds!r} and {expires_at!r})")
         self.expires_at = time.monotonic() + seconds if seconds is not None else expires_at
         self._cancelled = threading.Event()
+        self._flag = ctypes.c_int32(0)  # the same, for the native passes to read
 
     def cancel(self) -> None:
         """Ask every compile under this deadline to stop at its next check (thread-safe, idempotent)."""
         self._cancelled.set()
+        self._flag.value = 1
 
     @property
     def is_cancelled(self) -> bool:
@@ -477,6 +481,19 @@ class _Budget:
             self._next_check = self._ticks + 64
             self.check_time()
 
+    def native_limits(self) -> tuple[float | None, list[ctypes.c_int32]]:
+        """For a native pass: the earliest deadline (a `time.monotonic()` instant, None if none) and the cancel
+        flags of the active `Deadline`s."""
+        instants = [d for d in [self.deadline, *(x.expires_at for x in self.shared)] if d is not None]
+        return (min(instants) if instants else None), [x._flag for x in self.shared]
+
+    def native_stopped(self, status: int) -> None:
+        """Raise the error a native pass stopped with (`constrain.native.DET_*`)."""
+        if status == _native.DET_STATES:
+            self.check(self.max_states + 1)
+        self.check_time()
+        raise BudgetExceeded("automaton compilation exceeded its time budget", pointer=self.pointer)
+
     def check_time(self) -> None:
         """Raise once the deadline has passed; called directly between coarse steps (a refinement round)."""
         # Between two reads of the clock there is at most 64 units of work or one numpy pass over the automaton
@@ -661,6 +678,16 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
         result = frozenset(n for n in seen if edges_of[n] or n == final)
         closure_cache[key] = result
         return result
+
+    native = _native.automata()
+    if native is not None:
+        deadline, flags = budget.native_limits()
+        status, transitions, accepting = native.determinise(nfa.eps, edges_of, covers, n_classes, start, final,
+                                                            budget.max_states, deadline, flags)
+        if status != _native.DET_OK:
+            budget.native_stopped(status)
+        budget.check(len(accepting) - 1)
+        return _finish(transitions, accepting, class_of, nfa.specials, 0, budget)
 
     first = closure([start])
     ids: dict[frozenset, int] = {first: 0}
@@ -906,7 +933,11 @@ def _refine(trans: np.ndarray, block: np.ndarray, n_blocks: int, budget: _Budget
             break
         offsets = np.repeat(in_start[changed] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         affected = np.unique(preds[offsets])
-    # renumber 0..n_blocks-1 in order of first appearance
+    return _in_order_of_appearance(block)
+
+
+def _in_order_of_appearance(block: np.ndarray) -> tuple[np.ndarray, int]:
+    """Block ids renumbered 0..n_blocks-1 in order of first appearance, and n_blocks."""
     _, first = np.unique(block, return_index=True)
     rank = np.empty(len(first), np.int64)
     rank[np.argsort(first)] = np.arange(len(first))
@@ -943,7 +974,8 @@ def _is_congruence(trans: np.ndarray, accepting: np.ndarray, block: np.ndarray) 
 def _minimise(
     trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget, to_accept: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback).
+    """Hopcroft's refinement in C (`constrain.native`), or Moore's vectorised with numpy (hashed signatures); the
+    result is checked to be a congruence, else refined again exactly.
 
     The first partition already separates states by what equivalent states share: acceptance, the fewest symbols to
     acceptance (`to_accept`, when given) and which classes have a live transition, which saves a few refinement
@@ -958,7 +990,12 @@ def _minimise(
     _, block = np.unique(np.column_stack(features), axis=0, return_inverse=True)
     block0 = block.reshape(-1).astype(np.int64)
     n0 = int(block0.max()) + 1
-    block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
+    native = _native.automata()
+    if native is not None:
+        budget.check_time()
+        block, n_blocks = _in_order_of_appearance(native.minimise(trans, block0, n0)[0])
+    else:
+        block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
     if not _is_congruence(trans, accepting, block):
         block, n_blocks = _refine(trans, block0, n0, budget, exact=True)
     if n_blocks == n:

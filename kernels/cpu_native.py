@@ -7,15 +7,10 @@ with ctypes; `load()` returns None where that fails, and callers fall back to `k
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
-from pathlib import Path
+
+from kernels import cbuild
 
 __all__ = ["NativePass", "load"]
 
@@ -198,9 +193,6 @@ void constrain_apply_row(void *x, int64_t vocab, int element_bits, uint32_t neg,
 }
 """
 
-_FLAGS = ["-O3", "-shared", "-fPIC"]
-
-
 class NativePass:
     """The loaded library: `block` masks one contiguous row by its words, `apply_row` by a row plan's fields.
 
@@ -262,30 +254,10 @@ def load() -> NativePass | None:
 
 
 def _load() -> NativePass | None:
-    if os.environ.get("CONSTRAIN_NATIVE", "1") == "0":
-        return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        warnings.warn("no C compiler found; masking dense CPU rows with the slower torch pass", RuntimeWarning,
-                      stacklevel=3)
-        return None
-    env_dir = os.environ.get("CONSTRAIN_KERNELS")
-    cache = Path(env_dir).expanduser() if env_dir else Path.home() / ".cache" / "constrain" / "kernels"
-    key = "\0".join([_SOURCE, cc, *_FLAGS, platform.machine(), platform.system()])
-    so = cache / f"cpu_mask_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+    lib = cbuild.build("cpu_mask", _SOURCE, fallback="masking dense CPU rows with the slower torch pass")
     try:
-        if not so.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                src = Path(tmp) / "cpu_mask.c"
-                src.write_text(_SOURCE)
-                out = Path(tmp) / so.name
-                subprocess.run([cc, *_FLAGS, "-o", str(out), str(src)], check=True, capture_output=True, timeout=120)
-                os.replace(out, so)  # atomic: concurrent builders each install a whole file
-        return NativePass(ctypes.CDLL(str(so)))
-    except (OSError, subprocess.SubprocessError, AttributeError) as err:
-        detail = getattr(err, "stderr", b"") or b""
-        warnings.warn(f"building the native CPU mask pass failed ({type(err).__name__}: {err} "
-                      f"{detail.decode(errors='replace')[:500]}); masking dense CPU rows with the slower torch pass",
+        return None if lib is None else NativePass(lib)
+    except AttributeError as err:  # a stale or foreign library without our symbols
+        warnings.warn(f"the native CPU mask pass lacks {err}; masking dense CPU rows with the slower torch pass",
                       RuntimeWarning, stacklevel=3)
         return None

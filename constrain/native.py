@@ -1,0 +1,601 @@
+"""The two automaton passes that dominate a compile, in C: subset construction (NFA → DFA) and minimisation.
+
+Built once per machine with the system C compiler (`kernels.cbuild`) and called through ctypes, which releases the
+GIL. `automata()` returns None where the library cannot be built or `CONSTRAIN_NATIVE=0`; `constrain.automaton` then
+runs its numpy/Python passes, which give the same languages (and, minimised, the same state counts): the tests
+compare both.
+
+  * `determinise`: the subset construction over symbol classes, states numbered breadth-first (classes ascending per
+    state), with the state budget, the time budget and cancellation checked inside (every 2^14 units of work).
+  * `minimise`: Hopcroft's partition refinement on the partial DFA, as refinable partitions of states and of
+    transitions (Valmari and Lehtinen's formulation), O(m log n) for m live transitions; trimmed input only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from itertools import chain
+from typing import Sequence
+
+import numpy as np
+
+from kernels import cbuild
+
+__all__ = ["NativeAutomata", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
+
+DET_OK, DET_STATES, DET_TIME, DET_CANCELLED, DET_NOMEM = 0, 1, 2, 3, 4
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { DET_OK = 0, DET_STATES = 1, DET_TIME = 2, DET_CANCELLED = 3, DET_NOMEM = 4 };
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- growable int32 vector ---- */
+typedef struct { int32_t *v; int64_t n, cap; } ivec;
+
+static int ivec_reserve(ivec *a, int64_t need) {
+    if (need <= a->cap) return 1;
+    int64_t cap = a->cap ? a->cap : 64;
+    while (cap < need) cap *= 2;
+    int32_t *p = (int32_t *)realloc(a->v, (size_t)cap * sizeof(int32_t));
+    if (!p) return 0;
+    a->v = p;
+    a->cap = cap;
+    return 1;
+}
+
+static inline int ivec_push(ivec *a, int32_t x) {
+    if (a->n == a->cap && !ivec_reserve(a, a->n + 1)) return 0;
+    a->v[a->n++] = x;
+    return 1;
+}
+
+/* ---- a set of int32 sets: each stored once in a pool, found by hash, mapped to a value ---- */
+typedef struct {
+    ivec pool;
+    int64_t *off;     /* set i is pool[off[i] .. off[i + 1]) */
+    uint64_t *hash;
+    int32_t *value;
+    int64_t n, cap;
+    int32_t *slot;    /* open addressing, -1 = empty */
+    int64_t n_slot;   /* a power of two, kept over twice n */
+} settab;
+
+static uint64_t hash_ints(const int32_t *a, int64_t n) {
+    uint64_t h = 0x243F6A8885A308D3ull ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) {
+        h ^= (uint32_t)a[i];
+        h *= 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static int settab_init(settab *t) {
+    memset(t, 0, sizeof *t);
+    t->cap = 256;
+    t->n_slot = 1024;
+    t->off = (int64_t *)malloc((size_t)(t->cap + 1) * sizeof(int64_t));
+    t->hash = (uint64_t *)malloc((size_t)t->cap * sizeof(uint64_t));
+    t->value = (int32_t *)malloc((size_t)t->cap * sizeof(int32_t));
+    t->slot = (int32_t *)malloc((size_t)t->n_slot * sizeof(int32_t));
+    if (!t->off || !t->hash || !t->value || !t->slot) return 0;
+    memset(t->slot, 0xFF, (size_t)t->n_slot * sizeof(int32_t));
+    t->off[0] = 0;
+    return 1;
+}
+
+static void settab_free(settab *t) {
+    free(t->pool.v); free(t->off); free(t->hash); free(t->value); free(t->slot);
+}
+
+/* index of the set equal to a[0..n) (hash h), or -1 - (the empty slot where it would go) */
+static int64_t settab_find(const settab *t, const int32_t *a, int64_t n, uint64_t h) {
+    uint64_t mask = (uint64_t)t->n_slot - 1, i = h & mask;
+    while (t->slot[i] >= 0) {
+        int64_t s = t->slot[i];
+        if (t->hash[s] == h && t->off[s + 1] - t->off[s] == n &&
+            (n == 0 || !memcmp(t->pool.v + t->off[s], a, (size_t)n * sizeof(int32_t))))
+            return s;
+        i = (i + 1) & mask;
+    }
+    return -1 - (int64_t)i;
+}
+
+/* add a[0..n) (not present; `where` from settab_find) with `value`; 0 when out of memory */
+static int settab_add(settab *t, const int32_t *a, int64_t n, uint64_t h, int32_t value, int64_t where) {
+    if (t->n == t->cap) {
+        int64_t cap = t->cap * 2;
+        int64_t *off = (int64_t *)realloc(t->off, (size_t)(cap + 1) * sizeof(int64_t));
+        if (!off) return 0;
+        t->off = off;
+        uint64_t *hash = (uint64_t *)realloc(t->hash, (size_t)cap * sizeof(uint64_t));
+        if (!hash) return 0;
+        t->hash = hash;
+        int32_t *val = (int32_t *)realloc(t->value, (size_t)cap * sizeof(int32_t));
+        if (!val) return 0;
+        t->value = val;
+        t->cap = cap;
+    }
+    if (!ivec_reserve(&t->pool, t->pool.n + n)) return 0;
+    if (n) memcpy(t->pool.v + t->pool.n, a, (size_t)n * sizeof(int32_t));
+    t->pool.n += n;
+    int64_t id = t->n++;
+    t->off[id + 1] = t->pool.n;
+    t->hash[id] = h;
+    t->value[id] = value;
+    t->slot[where] = (int32_t)id;
+    if (t->n * 2 > t->n_slot) {
+        int64_t n_slot = t->n_slot * 2;
+        int32_t *slot = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
+        if (!slot) return 0;
+        memset(slot, 0xFF, (size_t)n_slot * sizeof(int32_t));
+        uint64_t mask = (uint64_t)n_slot - 1;
+        for (int64_t s = 0; s < t->n; s++) {
+            uint64_t i = t->hash[s] & mask;
+            while (slot[i] >= 0) i = (i + 1) & mask;
+            slot[i] = (int32_t)s;
+        }
+        free(t->slot);
+        t->slot = slot;
+        t->n_slot = n_slot;
+    }
+    return 1;
+}
+
+static void sort_ints(int32_t *a, int64_t n);
+static void sort_u64(uint64_t *a, int64_t n);
+
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+static void sort_ints(int32_t *a, int64_t n) {
+    if (n > 24) { qsort(a, (size_t)n, sizeof(int32_t), cmp_i32); return; }
+    for (int64_t i = 1; i < n; i++) {
+        int32_t x = a[i];
+        int64_t j = i;
+        while (j > 0 && a[j - 1] > x) { a[j] = a[j - 1]; j--; }
+        a[j] = x;
+    }
+}
+static void sort_u64(uint64_t *a, int64_t n) {
+    if (n > 24) { qsort(a, (size_t)n, sizeof(uint64_t), cmp_u64); return; }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t x = a[i];
+        int64_t j = i;
+        while (j > 0 && a[j - 1] > x) { a[j] = a[j - 1]; j--; }
+        a[j] = x;
+    }
+}
+
+/* ---- subset construction ---- */
+typedef struct {
+    int64_t n_states, cap;
+    int32_t n_classes;
+    int32_t *trans;   /* n_states x n_classes, -1 = no transition */
+    uint8_t *acc;
+} det_result;
+
+typedef struct {
+    /* the NFA (CSR) */
+    int32_t n_nodes, n_classes, final;
+    const int32_t *eps_off, *eps_dst, *edge_off, *edge_mask, *edge_dst, *mask_off, *mask_cls;
+    /* limits */
+    int64_t max_states;
+    double deadline;
+    const int64_t *cancel;
+    int32_t n_cancel;
+    int64_t work, next_check;
+    /* scratch */
+    int32_t *stamp, gen;
+    ivec stack, members;
+    settab states, seeds;
+    det_result *out;
+} det_ctx;
+
+static int det_limits(det_ctx *c) {
+    for (int32_t i = 0; i < c->n_cancel; i++)
+        if (*(volatile int32_t *)(intptr_t)c->cancel[i]) return DET_CANCELLED;
+    if (c->deadline > 0 && mono_now() > c->deadline) return DET_TIME;
+    return DET_OK;
+}
+
+static inline int det_tick(det_ctx *c, int64_t units) {
+    c->work += units;
+    if (c->work < c->next_check) return DET_OK;
+    c->next_check = c->work + (1 << 14);
+    return det_limits(c);
+}
+
+static int det_new_state(det_ctx *c, const int32_t *members, int64_t n, uint64_t h, int64_t where, int accepting,
+                         int32_t *id_out) {
+    det_result *o = c->out;
+    int64_t id = o->n_states;
+    if (id > c->max_states) return DET_STATES;
+    if (id == o->cap) {
+        int64_t cap = o->cap ? o->cap * 2 : 256;
+        int32_t *tr = (int32_t *)realloc(o->trans, (size_t)cap * (size_t)o->n_classes * sizeof(int32_t));
+        if (!tr) return DET_NOMEM;
+        o->trans = tr;
+        uint8_t *acc = (uint8_t *)realloc(o->acc, (size_t)cap);
+        if (!acc) return DET_NOMEM;
+        o->acc = acc;
+        o->cap = cap;
+    }
+    memset(o->trans + id * o->n_classes, 0xFF, (size_t)o->n_classes * sizeof(int32_t));
+    o->acc[id] = (uint8_t)accepting;
+    o->n_states = id + 1;
+    if (!settab_add(&c->states, members, n, h, (int32_t)id, where)) return DET_NOMEM;
+    *id_out = (int32_t)id;
+    return DET_OK;
+}
+
+/* the DFA state of the epsilon closure of the sorted, distinct seeds (added if new) */
+static int det_closure(det_ctx *c, const int32_t *seeds, int64_t n_seeds, int32_t *id_out) {
+    uint64_t hs = hash_ints(seeds, n_seeds);
+    int64_t at = settab_find(&c->seeds, seeds, n_seeds, hs);
+    if (at >= 0) { *id_out = c->seeds.value[at]; return DET_OK; }
+    int32_t gen = ++c->gen;
+    c->stack.n = 0;
+    c->members.n = 0;
+    int accepting = 0;
+    for (int64_t i = 0; i < n_seeds; i++) {
+        int32_t s = seeds[i];
+        if (c->stamp[s] != gen) { c->stamp[s] = gen; if (!ivec_push(&c->stack, s)) return DET_NOMEM; }
+    }
+    int64_t visited = 0;
+    while (c->stack.n) {
+        int32_t x = c->stack.v[--c->stack.n];
+        visited++;
+        if (x == c->final) accepting = 1;
+        if (x == c->final || c->edge_off[x + 1] > c->edge_off[x])
+            if (!ivec_push(&c->members, x)) return DET_NOMEM;
+        for (int32_t e = c->eps_off[x]; e < c->eps_off[x + 1]; e++) {
+            int32_t y = c->eps_dst[e];
+            if (c->stamp[y] != gen) { c->stamp[y] = gen; if (!ivec_push(&c->stack, y)) return DET_NOMEM; }
+        }
+    }
+    int rc = det_tick(c, 1 + (visited >> 6));
+    if (rc) return rc;
+    sort_ints(c->members.v, c->members.n);
+    uint64_t h = hash_ints(c->members.v, c->members.n);
+    int64_t where = settab_find(&c->states, c->members.v, c->members.n, h);
+    int32_t id;
+    if (where >= 0) id = c->states.value[where];
+    else if ((rc = det_new_state(c, c->members.v, c->members.n, h, -1 - where, accepting, &id))) return rc;
+    at = settab_find(&c->seeds, seeds, n_seeds, hs);  /* the slot may have moved */
+    if (!settab_add(&c->seeds, seeds, n_seeds, hs, id, -1 - at)) return DET_NOMEM;
+    *id_out = id;
+    return DET_OK;
+}
+
+static int det_run(det_ctx *c, int32_t start) {
+    int32_t id;
+    int rc = det_closure(c, &start, 1, &id);
+    if (rc) return rc;
+    uint64_t *pairs = NULL;
+    int64_t pairs_cap = 0;
+    ivec seeds = {0};
+    const int32_t k = c->n_classes;
+    for (int64_t s = 0; s < c->out->n_states; s++) {
+        int64_t n_pairs = 0;
+        int64_t lo = c->states.off[s], hi = c->states.off[s + 1];
+        for (int64_t i = lo; i < hi; i++) {
+            int32_t x = c->states.pool.v[i];
+            for (int32_t e = c->edge_off[x]; e < c->edge_off[x + 1]; e++) {
+                int32_t m = c->edge_mask[e], t = c->edge_dst[e];
+                int32_t n_cls = c->mask_off[m + 1] - c->mask_off[m];
+                if (n_pairs + n_cls > pairs_cap) {
+                    int64_t cap = pairs_cap ? pairs_cap : 256;
+                    while (cap < n_pairs + n_cls) cap *= 2;
+                    uint64_t *p = (uint64_t *)realloc(pairs, (size_t)cap * sizeof(uint64_t));
+                    if (!p) { rc = DET_NOMEM; goto done; }
+                    pairs = p;
+                    pairs_cap = cap;
+                }
+                for (int32_t j = c->mask_off[m]; j < c->mask_off[m + 1]; j++)
+                    pairs[n_pairs++] = ((uint64_t)(uint32_t)c->mask_cls[j] << 32) | (uint32_t)t;
+            }
+        }
+        if ((rc = det_tick(c, 1 + ((hi - lo) >> 6) + (n_pairs >> 6)))) goto done;
+        sort_u64(pairs, n_pairs);
+        int64_t i = 0;
+        while (i < n_pairs) {
+            int32_t cls = (int32_t)(pairs[i] >> 32);
+            seeds.n = 0;
+            for (; i < n_pairs && (int32_t)(pairs[i] >> 32) == cls; i++) {
+                int32_t t = (int32_t)(uint32_t)pairs[i];
+                if (!seeds.n || seeds.v[seeds.n - 1] != t)
+                    if (!ivec_push(&seeds, t)) { rc = DET_NOMEM; goto done; }
+            }
+            if ((rc = det_closure(c, seeds.v, seeds.n, &id))) goto done;
+            c->out->trans[s * k + cls] = id;
+        }
+    }
+done:
+    free(pairs);
+    free(seeds.v);
+    return rc;
+}
+
+void *constrain_determinise(int32_t n_nodes, const int32_t *eps_off, const int32_t *eps_dst,
+                            const int32_t *edge_off, const int32_t *edge_mask, const int32_t *edge_dst,
+                            const int32_t *mask_off, const int32_t *mask_cls, int32_t n_classes, int32_t start,
+                            int32_t final, int64_t max_states, double deadline, const int64_t *cancel,
+                            int32_t n_cancel, int32_t *status) {
+    det_result *out = (det_result *)calloc(1, sizeof(det_result));
+    det_ctx c;
+    memset(&c, 0, sizeof c);
+    if (!out) { *status = DET_NOMEM; return NULL; }
+    out->n_classes = n_classes;
+    c.n_nodes = n_nodes; c.n_classes = n_classes; c.final = final;
+    c.eps_off = eps_off; c.eps_dst = eps_dst; c.edge_off = edge_off; c.edge_mask = edge_mask;
+    c.edge_dst = edge_dst; c.mask_off = mask_off; c.mask_cls = mask_cls;
+    c.max_states = max_states; c.deadline = deadline; c.cancel = cancel; c.n_cancel = n_cancel;
+    c.next_check = 0;
+    c.out = out;
+    c.stamp = (int32_t *)calloc((size_t)n_nodes + 1, sizeof(int32_t));
+    int rc = DET_NOMEM;
+    if (c.stamp && settab_init(&c.states) && settab_init(&c.seeds)) rc = det_run(&c, start);
+    free(c.stamp);
+    free(c.stack.v);
+    free(c.members.v);
+    settab_free(&c.states);
+    settab_free(&c.seeds);
+    *status = rc;
+    return out;
+}
+
+int64_t constrain_det_states(void *h) { return ((det_result *)h)->n_states; }
+
+void constrain_det_copy(void *h, int32_t *trans, uint8_t *acc) {
+    det_result *o = (det_result *)h;
+    memcpy(trans, o->trans, (size_t)o->n_states * (size_t)o->n_classes * sizeof(int32_t));
+    memcpy(acc, o->acc, (size_t)o->n_states);
+}
+
+void constrain_det_free(void *h) {
+    det_result *o = (det_result *)h;
+    if (!o) return;
+    free(o->trans);
+    free(o->acc);
+    free(o);
+}
+
+/* ---- minimisation: refinable partitions (elements in set order; M marked counts, W touched sets) ---- */
+typedef struct { int32_t z, w; int32_t *E, *L, *S, *F, *P, *M, *W; } part;
+
+static int part_alloc(part *p, int64_t n_elements, int64_t n_sets) {
+    memset(p, 0, sizeof *p);
+    p->E = (int32_t *)malloc((size_t)(n_elements + 1) * sizeof(int32_t));
+    p->L = (int32_t *)malloc((size_t)(n_elements + 1) * sizeof(int32_t));
+    p->S = (int32_t *)malloc((size_t)(n_elements + 1) * sizeof(int32_t));
+    p->F = (int32_t *)malloc((size_t)(n_sets + 1) * sizeof(int32_t));
+    p->P = (int32_t *)malloc((size_t)(n_sets + 1) * sizeof(int32_t));
+    p->M = (int32_t *)calloc((size_t)n_sets + 1, sizeof(int32_t));
+    p->W = (int32_t *)malloc((size_t)(n_sets + 1) * sizeof(int32_t));
+    return p->E && p->L && p->S && p->F && p->P && p->M && p->W;
+}
+
+static void part_free(part *p) { free(p->E); free(p->L); free(p->S); free(p->F); free(p->P); free(p->M); free(p->W); }
+
+/* elements 0..n-1 grouped by key[e] in 0..n_keys-1 (every key used): one set per key, in key order */
+static void part_by_key(part *p, int32_t n, const int32_t *key, int32_t n_keys) {
+    for (int32_t b = 0; b <= n_keys; b++) p->F[b] = 0;
+    for (int32_t e = 0; e < n; e++) p->F[key[e] + 1]++;
+    for (int32_t b = 0; b < n_keys; b++) p->F[b + 1] += p->F[b];
+    for (int32_t b = 0; b < n_keys; b++) p->P[b] = p->F[b];
+    for (int32_t e = 0; e < n; e++) {
+        int32_t b = key[e], at = p->P[b]++;
+        p->E[at] = e;
+        p->L[e] = at;
+        p->S[e] = b;
+    }
+    p->z = n_keys;
+    p->w = 0;
+}
+
+static inline void part_mark(part *p, int32_t e) {
+    int32_t s = p->S[e], i = p->L[e], j = p->F[s] + p->M[s];
+    if (i < j) return;  /* already marked */
+    p->E[i] = p->E[j];
+    p->L[p->E[i]] = i;
+    p->E[j] = e;
+    p->L[e] = j;
+    if (p->M[s]++ == 0) p->W[p->w++] = s;
+}
+
+/* split every touched set into its marked and unmarked elements; the smaller part becomes the new set */
+static void part_split(part *p) {
+    while (p->w) {
+        int32_t s = p->W[--p->w], j = p->F[s] + p->M[s];
+        if (j == p->P[s]) { p->M[s] = 0; continue; }
+        int32_t z = p->z;
+        if (p->M[s] <= p->P[s] - j) { p->F[z] = p->F[s]; p->P[z] = j; p->F[s] = j; }
+        else { p->P[z] = p->P[s]; p->F[z] = j; p->P[s] = j; }
+        for (int32_t i = p->F[z]; i < p->P[z]; i++) p->S[p->E[i]] = z;
+        p->M[s] = 0;
+        p->M[z] = 0;
+        p->z = z + 1;
+    }
+}
+
+/* Coarsest partition of the trimmed partial DFA `trans` (n x k, -1 = none) refining `block0` (0..n0-1, every id
+   used) that is a congruence. Writes each state's block to `block_out`; returns the number of blocks, -1 when out of
+   memory. */
+int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int32_t *block0, int32_t n0,
+                           int32_t *block_out) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < (int64_t)n * k; i++) m += trans[i] >= 0;
+    int32_t *tail = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
+    int32_t *head = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
+    int32_t *label = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
+    int32_t *in_off = (int32_t *)calloc((size_t)n + 2, sizeof(int32_t));
+    int32_t *in_tr = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
+    int32_t *label_of = (int32_t *)malloc((size_t)k * sizeof(int32_t));
+    part B, C;
+    int ok = tail && head && label && in_off && in_tr && label_of && part_alloc(&B, n, n) && part_alloc(&C, m, m);
+    int32_t result = -1;
+    if (!ok) goto done;
+    /* transitions, labels renumbered to the used ones */
+    for (int32_t c = 0; c < k; c++) label_of[c] = -1;
+    int32_t n_labels = 0;
+    int64_t t = 0;
+    for (int32_t s = 0; s < n; s++)
+        for (int32_t c = 0; c < k; c++) {
+            int32_t d = trans[(int64_t)s * k + c];
+            if (d < 0) continue;
+            if (label_of[c] < 0) label_of[c] = 0;
+            tail[t] = s; head[t] = d; label[t] = c;
+            t++;
+        }
+    for (int32_t c = 0; c < k; c++) if (label_of[c] >= 0) label_of[c] = n_labels++;
+    for (int64_t i = 0; i < m; i++) label[i] = label_of[label[i]];
+    part_by_key(&B, n, block0, n0);
+    part_by_key(&C, (int32_t)m, label, n_labels);
+    /* incoming transitions per state */
+    for (int64_t i = 0; i < m; i++) in_off[head[i] + 2]++;
+    for (int32_t s = 0; s < n; s++) in_off[s + 2] += in_off[s + 1];
+    for (int64_t i = 0; i < m; i++) in_tr[in_off[head[i] + 1]++] = (int32_t)i;
+    /* splitters: every cord (the transitions of one label: splits states with that label from those without) and
+       every block but block 0 (Hopcroft: all but one block of the initial partition, then the smaller half of
+       each split) */
+    int32_t b = 1, cd = 0;
+    while (cd < C.z) {
+        for (int32_t i = C.F[cd]; i < C.P[cd]; i++) part_mark(&B, tail[C.E[i]]);
+        part_split(&B);
+        cd++;
+        while (b < B.z) {
+            for (int32_t i = B.F[b]; i < B.P[b]; i++) {
+                int32_t s = B.E[i];
+                for (int32_t j = in_off[s]; j < in_off[s + 1]; j++) part_mark(&C, in_tr[j]);
+            }
+            part_split(&C);
+            b++;
+        }
+    }
+    for (int32_t s = 0; s < n; s++) block_out[s] = B.S[s];
+    result = B.z;
+done:
+    free(tail); free(head); free(label); free(in_off); free(in_tr); free(label_of);
+    if (ok) { part_free(&B); part_free(&C); }
+    return result;
+}
+"""
+
+
+class NativeAutomata:
+    """The loaded library (see the module docstring)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        p = ctypes.c_void_p
+        self._det = lib.constrain_determinise
+        self._det.argtypes = [ctypes.c_int32, p, p, p, p, p, p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                              ctypes.c_int64, ctypes.c_double, p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
+        self._det.restype = ctypes.c_void_p
+        self._det_states = lib.constrain_det_states
+        self._det_states.argtypes = [p]
+        self._det_states.restype = ctypes.c_int64
+        self._det_copy = lib.constrain_det_copy
+        self._det_copy.argtypes = [p, p, p]
+        self._det_copy.restype = None
+        self._det_free = lib.constrain_det_free
+        self._det_free.argtypes = [p]
+        self._det_free.restype = None
+        self._min = lib.constrain_minimise
+        self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
+        self._min.restype = ctypes.c_int32
+
+    def determinise(
+        self,
+        eps: Sequence[Sequence[int]],
+        edges: Sequence[Sequence[tuple[int, int]]],
+        classes_of_mask: dict[int, list[int]],
+        n_classes: int,
+        start: int,
+        final: int,
+        max_states: int,
+        deadline: float | None,
+        cancel_flags: Sequence[ctypes.c_int32],
+    ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+        """Subset construction of the NFA (`eps[n]`: epsilon successors; `edges[n]`: (symbol mask, target) pairs,
+        each mask a key of `classes_of_mask`, which lists the symbol classes it covers).
+
+        Returns (status, transitions [states x n_classes] int32 with -1 for none, accepting bool): status `DET_OK`,
+        or `DET_STATES` (more than `max_states` + 1 states), `DET_TIME` (past the `time.monotonic()` instant
+        `deadline`), `DET_CANCELLED` (a flag set), with no arrays. Raises MemoryError when C runs out of memory.
+        """
+        n = len(eps)
+        mask_id = {m: i for i, m in enumerate(classes_of_mask)}
+        eps_off = np.zeros(n + 1, np.int32)
+        np.cumsum([len(e) for e in eps], out=eps_off[1:])
+        eps_dst = np.fromiter(chain.from_iterable(eps), np.int32, int(eps_off[-1]))
+        edge_off = np.zeros(n + 1, np.int32)
+        np.cumsum([len(e) for e in edges], out=edge_off[1:])
+        flat = list(chain.from_iterable(edges))
+        edge_mask = np.fromiter((mask_id[m] for m, _ in flat), np.int32, len(flat))
+        edge_dst = np.fromiter((t for _, t in flat), np.int32, len(flat))
+        lists = list(classes_of_mask.values())
+        mask_off = np.zeros(len(lists) + 1, np.int32)
+        np.cumsum([len(c) for c in lists], out=mask_off[1:])
+        mask_cls = np.fromiter(chain.from_iterable(lists), np.int32, int(mask_off[-1]))
+        flags = (ctypes.c_int64 * max(1, len(cancel_flags)))(*[ctypes.addressof(f) for f in cancel_flags])
+        status = ctypes.c_int32(DET_NOMEM)
+        handle = self._det(n, eps_off.ctypes.data, eps_dst.ctypes.data, edge_off.ctypes.data, edge_mask.ctypes.data,
+                           edge_dst.ctypes.data, mask_off.ctypes.data, mask_cls.ctypes.data, n_classes, start, final,
+                           max_states, -1.0 if deadline is None else float(deadline), flags, len(cancel_flags),
+                           ctypes.byref(status))
+        try:
+            if status.value == DET_NOMEM:
+                raise MemoryError("the native subset construction ran out of memory")
+            if status.value != DET_OK:
+                return status.value, None, None
+            n_states = int(self._det_states(handle))
+            trans = np.empty((n_states, n_classes), np.int32)
+            acc = np.empty(n_states, np.uint8)
+            self._det_copy(handle, trans.ctypes.data, acc.ctypes.data)
+            return DET_OK, trans, acc.astype(bool)
+        finally:
+            self._det_free(handle)
+
+    def minimise(self, trans: np.ndarray, block0: np.ndarray, n0: int) -> tuple[np.ndarray, int]:
+        """Each state's block in the coarsest congruence of the trimmed DFA `trans` that refines `block0` (ids
+        0..n0-1, all used), and the number of blocks. Block ids are arbitrary (not in order of first appearance)."""
+        trans = np.ascontiguousarray(trans, dtype=np.int32)
+        n, k = trans.shape
+        b0 = np.ascontiguousarray(block0, dtype=np.int32)
+        out = np.empty(n, np.int32)
+        n_blocks = int(self._min(n, k, trans.ctypes.data, b0.ctypes.data, n0, out.ctypes.data))
+        if n_blocks < 0:
+            raise MemoryError("the native minimisation ran out of memory")
+        return out.astype(np.int64), n_blocks
+
+
+_lock = threading.Lock()
+_state: dict[str, NativeAutomata | None] = {}
+
+
+def automata() -> NativeAutomata | None:
+    """The native automaton passes, built on first use; None where they cannot be built (or `CONSTRAIN_NATIVE=0`)."""
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" not in _state:
+            lib = cbuild.build("automata", _SOURCE, fallback="compiling automata with the slower numpy passes")
+            _state["lib"] = None if lib is None else NativeAutomata(lib)
+        return _state["lib"]

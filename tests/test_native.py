@@ -1,0 +1,212 @@
+"""The native automaton passes (`constrain.native`): the C subset construction and Hopcroft minimisation give the
+same minimal automata as the numpy passes, keep the state and time budgets, and stop when cancelled."""
+
+import ctypes
+import shutil
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from constrain import automaton as fa
+from constrain import native
+from constrain.errors import ConstrainError
+from constrain.schema import compile_schema
+
+from corpus import OPTIONS, jsonschemabench, sample
+from test_automaton import _extend, _leaf
+
+BIG_EXPRS = st.recursive(_leaf(), _extend, max_leaves=14)
+
+
+def test_the_native_passes_are_built_where_a_compiler_is():
+    if shutil.which("cc") is None and shutil.which("gcc") is None and shutil.which("clang") is None:
+        pytest.skip("no C compiler on this machine: the numpy passes run instead")
+    assert native.automata() is not None
+
+
+@contextmanager
+def numpy_passes():
+    """Compile with the numpy/Python passes (and an empty shared cache, which would hand back native results)."""
+    saved = native._state.get("lib", "unset")
+    native._state["lib"] = None
+    fa.clear_compiled()
+    try:
+        yield
+    finally:
+        if saved == "unset":
+            native._state.pop("lib", None)
+        else:
+            native._state["lib"] = saved
+        fa.clear_compiled()
+
+
+def canonical(dfa: fa.Dfa) -> tuple:
+    """The automaton up to renumbering: states in breadth-first order from the start, classes by their first symbol.
+    Two minimal DFAs of one language have the same canonical form."""
+    if dfa.is_empty:
+        return ()
+    first_symbol: dict[int, int] = {}
+    for symbol, c in enumerate(dfa.class_of.tolist()):
+        first_symbol.setdefault(c, symbol)
+    classes = sorted(first_symbol, key=first_symbol.get)
+    ids = {dfa.start: 0}
+    queue = deque([dfa.start])
+    rows = []
+    while queue:
+        s = queue.popleft()
+        row = [bool(dfa.accepting[s])]
+        for c in classes:
+            t = int(dfa.transitions[s, c])
+            if t >= 0 and t not in ids:
+                ids[t] = len(ids)
+                queue.append(t)
+            row.append(ids[t] if t >= 0 else -1)
+        rows.append(tuple(row))
+    symbols = tuple(first_symbol[c] for c in dfa.class_of.tolist())
+    return dfa.specials, symbols, tuple(rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(BIG_EXPRS)
+def test_native_and_numpy_passes_build_the_same_minimal_automaton(expr_and_regex):
+    expr = expr_and_regex[0]
+    assert native.automata() is not None
+    fa.clear_compiled()
+    fast = fa.compile(expr)
+    with numpy_passes():
+        slow = fa.compile(expr)
+    assert canonical(fast) == canonical(slow)
+
+
+def _outcome(schema) -> tuple:
+    try:
+        return ("compiled", canonical(compile_schema(schema, **OPTIONS).dfa))
+    except ConstrainError as err:
+        return (type(err).__name__, getattr(err, "pointer", None))
+
+
+def test_native_and_numpy_passes_agree_on_real_schemas():
+    """Two schemas per JSONSchemaBench subset: the same automaton (or the same typed error) both ways."""
+    cases = sample(jsonschemabench(), 2, seed=7)
+    assert len(cases) >= 20
+    compiled = 0
+    for case in cases:
+        fa.clear_compiled()
+        fast = _outcome(case.schema)
+        with numpy_passes():
+            slow = _outcome(case.schema)
+        if "BudgetExceeded" in (fast[0], slow[0]):
+            continue  # a time budget may run out on one side only (the numpy passes are slower)
+        assert fast == slow, case.id
+        compiled += fast[0] == "compiled"
+    assert compiled >= len(cases) // 2
+
+
+def _trimmed_random_dfa(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random partial DFA of about `n` states over `k` classes, trimmed (every state reachable and co-reachable),
+    with many equivalent states (targets drawn from a few 'shapes')."""
+    while True:
+        trans = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+        trans[rng.random((n, k)) < 0.4] = -1
+        shapes = rng.integers(0, max(2, n // 4), size=n)
+        trans = trans[shapes % n] if rng.random() < 0.5 else trans
+        accepting = rng.random(n) < 0.3
+        if not accepting.any():
+            continue
+        fwd = {0}
+        queue = [0]
+        while queue:
+            s = queue.pop()
+            for t in trans[s]:
+                if t >= 0 and t not in fwd:
+                    fwd.add(int(t))
+                    queue.append(int(t))
+        back = set(np.flatnonzero(accepting).tolist())
+        changed = True
+        while changed:
+            changed = False
+            for s in range(n):
+                if s not in back and any(t in back for t in trans[s] if t >= 0):
+                    back.add(s)
+                    changed = True
+        keep = sorted(fwd & back)
+        if 0 not in keep:
+            continue
+        renumber = np.full(n + 1, -1, np.int32)
+        renumber[keep] = np.arange(len(keep), dtype=np.int32)
+        sub = renumber[trans[keep]]
+        return np.ascontiguousarray(sub), accepting[keep]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hopcroft_partition_equals_the_exact_moore_refinement(seed):
+    rng = np.random.default_rng(seed)
+    trans, accepting = _trimmed_random_dfa(rng, int(rng.integers(2, 120)), int(rng.integers(1, 6)))
+    block0 = accepting.astype(np.int64)
+    block0, n0 = fa._in_order_of_appearance(block0)
+    fast, n_fast = fa._in_order_of_appearance(native.automata().minimise(trans, block0, n0)[0])
+    exact, n_exact = fa._refine_exact(trans, block0, n0, fa._Budget(10**9, None, ""))
+    exact, n_exact2 = fa._in_order_of_appearance(exact)
+    assert n_fast == n_exact == n_exact2
+    assert (fast == exact).all()
+
+
+# -- budgets -----------------------------------------------------------------------------------------------------
+
+
+def _blowup(width: int) -> fa.Expr:
+    ab = fa.byte_set([(ord("a"), ord("b"))])
+    return fa.concat(fa.repeat(ab, 0), fa.literal(b"a"), fa.repeat(ab, width, width))  # ~2^(width+1) states
+
+
+def test_the_state_budget_stops_the_native_subset_construction():
+    fa.clear_compiled()
+    with pytest.raises(fa.BudgetExceeded) as info:
+        fa.compile(_blowup(14), max_states=5_000, pointer="/p")
+    assert "state budget of 5000 states" in str(info.value) and info.value.pointer == "/p"
+    with numpy_passes(), pytest.raises(fa.BudgetExceeded) as slow:
+        fa.compile(_blowup(14), max_states=5_000, pointer="/p")
+    assert str(slow.value) == str(info.value)
+
+
+def test_a_deadline_in_the_past_stops_the_native_subset_construction():
+    fa.clear_compiled()
+    with pytest.raises(fa.BudgetExceeded, match="time budget"):
+        fa.compile(_blowup(20), max_states=10**7, deadline=time.monotonic() - 1.0)
+
+
+def test_cancelling_stops_a_native_subset_construction_in_flight():
+    """A compile of ~2^21 states (seconds of C) cancelled from another thread stops within a fraction of that."""
+    fa.clear_compiled()
+    deadline = fa.Deadline()
+    timer = threading.Timer(0.2, deadline.cancel)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with deadline.active(), pytest.raises(fa.BudgetExceeded, match="cancelled"):
+            fa.compile(_blowup(20), max_states=10**7, pointer="/tools/0")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 2.0
+
+
+def test_native_determinise_reports_each_limit():
+    lib = native.automata()
+    # a -> b -> (final) over one class: three nodes, two edges
+    eps, edges = [[], [], []], [[(1, 1)], [(1, 2)], []]
+    covers = {1: [0]}
+    ok = lib.determinise(eps, edges, covers, 1, 0, 2, 10, None, [])
+    assert ok[0] == native.DET_OK and ok[1].tolist() == [[1], [2], [-1]] and ok[2].tolist() == [False, False, True]
+    assert lib.determinise(eps, edges, covers, 1, 0, 2, 1, None, [])[0] == native.DET_STATES
+    flag = ctypes.c_int32(1)
+    big_eps = [[] for _ in range(40_000)]
+    big_edges = [[(1, i + 1)] for i in range(39_999)] + [[]]
+    assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, None, [flag])[0] == native.DET_CANCELLED
+    late = time.monotonic() - 1.0
+    assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, late, [])[0] == native.DET_TIME
