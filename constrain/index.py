@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from constrain import native as _native
 from constrain.automaton import check_deadlines
 from constrain.errors import InternalError, MaskViolation
 from constrain.trie import _Trie, _trie_for
@@ -24,11 +25,16 @@ _DENSE_RATIO = 4
 _BATCH_MAX_FIRST = 32
 _BATCH_STATES = 256
 
-# A lazy miss also fills the rows of the structural states up to _AHEAD_LEVELS tokens after it (breadth-first, at most
-# _AHEAD_STATES, one batched walk per level), so a sequence misses about once every few tokens instead of at every
-# state it has not seen. (bench_engine.py cold replay: most steps of required_50 and parallel_1to5_of_5 were misses.)
+# Without the native walk, a lazy miss also fills the rows of the structural states up to _AHEAD_LEVELS tokens after
+# it (breadth-first, at most _AHEAD_STATES, one batched walk per level), so a sequence misses about once every few
+# tokens instead of at every state it has not seen (a numpy walk costs ~50 us even for a state with one live token).
+# With the C walk (1-3 us for a structural state) a miss fills only _NATIVE_AHEAD of the structural states its tokens
+# lead to: 32 ahead made every miss cost ~200 us (bench_engine.py cold p99, Llama 3: hermes_1tool 208 us); none ahead
+# gave the best p99 (10-25 us) but most replay steps were misses (Qwen3/Gemma 4 p50 3-5 us, xgrammar 2-3 us); two
+# ahead: p50 1.2-2.4 us, p99 22-40 us.
 _AHEAD_LEVELS = 2
 _AHEAD_STATES = 32
+_NATIVE_AHEAD = 2
 
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
@@ -177,6 +183,11 @@ class TokenIndex:
         self._acc_list: list[bool] = self._accepting.tolist()
         self._eos_set = frozenset(self._eos)
         self._non_byte = frozenset(vocab.special_ids) | frozenset(vocab.eos_ids)
+        # The trie walk in C where it is built (int32 tables only); else the numpy walks below.
+        lib = _native.automata() if dtype is np.int32 else None
+        self._walker = None if lib is None else lib.walker(
+            self._tflat, n_classes, self._node_cls, trie, self._n_words, self._accepting, self._eos,
+            self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -262,6 +273,14 @@ class TokenIndex:
             return row
         if state == self._n_states:
             return row_of[state]  # the finished pseudo-state's row is made at construction
+        if self._walker is not None:
+            words, key, dests = self._walker.mask(state)
+            with self._lock:
+                if row_of[state] < 0:
+                    row_of[state] = self._insert_row(words, key)
+                row = row_of[state]
+            self._fill_ahead_native(dests)
+            return row
         walk = self._walk(state)
         mask = self._compute_mask(state, walk)
         with self._lock:
@@ -346,12 +365,15 @@ class TokenIndex:
 
     # ---- mask computation
 
-    def _insert_row(self, mask: np.ndarray) -> int:
-        key = mask.tobytes()
+    def _insert_row(self, mask: np.ndarray, key: bytes | None = None) -> int:
+        """The row of `mask` (int32 or uint32 words; copied when new), added if new. `key`: its
+        `native.sparse_key`, when known."""
+        if key is None:
+            key = _native.sparse_key(mask)
         row = self._row_key.get(key)
         if row is None:
             row = len(self._rows)
-            mask = np.array(mask, dtype=np.int32, copy=True)
+            mask = np.array(mask.view(np.int32), dtype=np.int32, copy=True)
             mask.flags.writeable = False
             self._rows.append(mask)
             self._row_key[key] = row
@@ -414,13 +436,13 @@ class TokenIndex:
                 return self._min_tokens, self._min_tokens_list, self._horizon
             n = self._n_states
             dests: list[np.ndarray] = [np.zeros(0, np.intp)] * n
-            batched = self._batchable_states()
+            batched = self._batchable_states() if self._walker is None else np.arange(n)
             # A whole-index build can take minutes (115k states of string content: ~47 s): it checks the compile's
             # deadlines (`automaton.Deadline.active`) per batch and per single state, and keeps the rows made so far.
             for lo in range(0, batched.shape[0], _BATCH_STATES):
                 check_deadlines()
                 chunk = batched[lo : lo + _BATCH_STATES]
-                masks, chunk_dests = self._walk_batch(chunk)
+                masks, chunk_dests = self._walk_batch(chunk) if self._walker is None else self._native_walks(chunk)
                 with self._lock:
                     for i, s in enumerate(chunk.tolist()):
                         dests[s] = chunk_dests[i]
@@ -477,16 +499,22 @@ class TokenIndex:
             cost[self._eos_arr] = 0
             return cost
         trie = self._trie
-        ds = trie.depth_start
-        dense, sparse, _ = self._walk(state)
-        node_state = np.full(trie.n_nodes, -1, dtype=np.intp)
-        for d, full, _ in dense:
-            node_state[ds[d] : ds[d + 1]] = full
-        for nodes, st in sparse:
-            node_state[nodes] = st
-        tok_state = node_state[trie.term_node]
-        live = tok_state >= 0
-        cost[trie.term_tokens[live]] = np.minimum(dist[tok_state[live]] + 1, NO_COMPLETION)
+        if self._walker is not None:
+            by_token = np.full(self._n_tokens, -1, dtype=np.int32)
+            self._walker.walk(state, np.zeros(self._n_words, np.uint32), tok_state=by_token)
+            live_ids = trie.term_tokens[by_token[trie.term_tokens] >= 0]
+            cost[live_ids] = np.minimum(dist[by_token[live_ids]] + 1, NO_COMPLETION)
+        else:
+            ds = trie.depth_start
+            dense, sparse, _ = self._walk(state)
+            node_state = np.full(trie.n_nodes, -1, dtype=np.intp)
+            for d, full, _ in dense:
+                node_state[ds[d] : ds[d + 1]] = full
+            for nodes, st in sparse:
+                node_state[nodes] = st
+            tok_state = node_state[trie.term_node]
+            live = tok_state >= 0
+            cost[trie.term_tokens[live]] = np.minimum(dist[tok_state[live]] + 1, NO_COMPLETION)
         if self._special_ids_arr.shape[0]:
             nxt = self._tflat[state * self._n_classes + self._special_cls_arr]
             ok = nxt >= 0
@@ -544,7 +572,7 @@ class TokenIndex:
             todo_arr = self._batchable_states(np.asarray(todo, dtype=np.intp))[:left]
             if not todo_arr.shape[0]:
                 return
-            masks, dests = self._walk_batch(todo_arr)
+            masks, dests = self._walk_batch(todo_arr) if self._walker is None else self._native_walks(todo_arr)
             with self._lock:
                 for i, s in enumerate(todo_arr.tolist()):
                     if row_of[s] < 0:
@@ -553,6 +581,21 @@ class TokenIndex:
             if left <= 0:
                 return
             frontier = np.unique(np.concatenate(dests)) if dests else np.zeros(0, np.intp)
+
+    def _fill_ahead_native(self, dests: np.ndarray) -> None:
+        """Fill the missing rows of up to _NATIVE_AHEAD structural states among `dests` (one C walk each)."""
+        left = _NATIVE_AHEAD
+        row_of, walker = self._row_of, self._walker
+        for d in dests.tolist():
+            if left == 0:
+                return
+            if row_of[d] >= 0 or walker.first_live(d) > _BATCH_MAX_FIRST:
+                continue
+            words, key, _ = walker.mask(d)
+            with self._lock:
+                if row_of[d] < 0:
+                    row_of[d] = self._insert_row(words, key)
+            left -= 1
 
     def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and
@@ -715,6 +758,26 @@ class TokenIndex:
             live = self._tflat[state * self._n_classes + self._special_cls_arr] >= 0
             allowed[self._special_ids_arr[live]] = True
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+    def _native_walk(self, state: int, seen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`_compute_mask` and `_destinations` of one state in one C walk (`constrain.native.TrieWalker`)."""
+        words = np.empty(self._n_words, np.uint32)
+        if seen is None:
+            seen = np.zeros(self._n_states + 1, np.uint8)
+        else:
+            seen[:] = 0
+        self._walker.walk(state, words, seen)
+        return words.view(np.int32), np.flatnonzero(seen[: self._n_states])
+
+    def _native_walks(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`_walk_batch` by one C walk per state."""
+        masks = np.empty((states.shape[0], self._n_words), np.int32)
+        dests = []
+        seen = np.empty(self._n_states + 1, np.uint8)
+        for i, s in enumerate(states.tolist()):
+            masks[i], d = self._native_walk(s, seen)
+            dests.append(d)
+        return masks, dests
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from itertools import chain
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -496,6 +497,160 @@ done:
     if (ok) { part_free(&B); part_free(&C); }
     return result;
 }
+
+/* ---- token masks: one DFA state's walk down the vocabulary's byte trie ---- */
+
+/* Nodes are breadth-first with contiguous children (`constrain.trie._Trie`); the first-byte nodes are 0..n_first-1.
+   Sets the bit of every token whose bytes keep the DFA live from `state` in `words` (zeroed by the caller); marks
+   the state each such token ends in, in `seen` (n_states flags) and `tok_state` (per token id), when not NULL.
+   Depth first with pruning while few nodes are live; once more than `dense_after` are, it starts again breadth
+   first over every node in order (`node_state`: n_nodes scratch), which reads memory sequentially (a string-content
+   state keeps ~all nodes live: 3.9 ms depth first, 0.6 ms in order on Llama 3's 275k nodes).
+   Returns the number of live nodes, -1 when out of memory. */
+/* set token t's bit; with `touched`, list each word set from zero (touched[0]: how many so far) */
+#define SET_BIT(t)                                                                                  \
+    do {                                                                                            \
+        int32_t w_ = (t) >> 5;                                                                      \
+        if (touched && !words[w_]) touched[1 + touched[0]++] = w_;                                  \
+        words[w_] |= 1u << ((t) & 31);                                                              \
+    } while (0)
+
+/* mark state s seen; with `dests`, list each state marked from unseen (dests[0]: how many so far) */
+#define SEE(s)                                                                                      \
+    do {                                                                                            \
+        if (seen && !seen[s]) {                                                                     \
+            seen[s] = 1;                                                                            \
+            if (dests) dests[1 + dests[0]++] = (s);                                                 \
+        }                                                                                           \
+    } while (0)
+
+static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, const int32_t *child_start,
+                    const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
+                    const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
+                    int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
+                    int32_t n_first, int32_t max_depth, int32_t state,
+                    uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests) {
+    int32_t *cur = (int32_t *)malloc((size_t)(max_depth + 1) * 3 * sizeof(int32_t));
+    if (!cur) return -1;
+    int32_t *end = cur + (max_depth + 1), *from = end + (max_depth + 1);
+    int64_t live = 0;
+    int32_t depth = 0;
+    cur[0] = 0; end[0] = n_first; from[0] = state;
+    while (depth >= 0) {
+        if (cur[depth] == end[depth]) { depth--; continue; }
+        int32_t node = cur[depth]++;
+        int32_t s = tflat[(int64_t)from[depth] * k + node_cls[node]];
+        if (s < 0) continue;
+        if (++live > dense_after) break;
+        int32_t tc = term_count[node];
+        if (tc) {
+            const int32_t *tok = term_tokens + term_start[node];
+            for (int32_t i = 0; i < tc; i++) {
+                SET_BIT(tok[i]);
+                if (tok_state) tok_state[tok[i]] = s;
+            }
+            SEE(s);
+        }
+        int32_t cc = child_count[node];
+        if (cc && depth + 1 <= max_depth) {
+            depth++;
+            cur[depth] = child_start[node];
+            end[depth] = child_start[node] + cc;
+            from[depth] = s;
+        }
+    }
+    free(cur);
+    if (live <= dense_after) return live;
+    /* in order: every node's state from its parent's (parents come first) */
+    const int32_t *row = tflat + (int64_t)state * k;
+    for (int32_t x = 0; x < n_first; x++) node_state[x] = row[node_cls[x]];
+    for (int32_t x = n_first; x < n_nodes; x++) {
+        int32_t p = node_state[parent[x]];
+        node_state[x] = p < 0 ? -1 : tflat[(int64_t)p * k + node_cls[x]];
+    }
+    live = 0;
+    for (int32_t x = 0; x < n_nodes; x++) live += node_state[x] >= 0;
+    for (int32_t i = 0; i < n_terms; i++) {
+        int32_t s = node_state[term_node[i]];
+        if (s < 0) continue;
+        int32_t t = term_tokens[i];
+        SET_BIT(t);
+        if (tok_state) tok_state[t] = s;
+        SEE(s);
+    }
+    return live;
+}
+
+/* One state's whole mask: `walk` with the walker's fixed arguments in one array (one ctypes conversion instead of
+   twenty), the EOS and special-token bits added, and the mask's canonical sparse form.
+   a = {tflat, k, node_cls, child_start, child_count, term_start, term_count, term_tokens, parent, term_node, n_nodes,
+        n_terms, dense_after, n_first, max_depth, n_words, accepting (uint8 per state), n_eos, eos ids,
+        n_specials, special ids, special classes}, addresses as integers.
+   Zeroes `words` first. `sparse` (when not NULL) receives the count of nonzero words, or -1 when more than
+   `sparse_max`, then each nonzero word's index and value. */
+int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uint32_t *words, uint8_t *seen,
+                       int32_t *tok_state, int32_t *sparse, int32_t sparse_max, int32_t *touched, int32_t *dests) {
+#define P(i) ((const int32_t *)(intptr_t)a[i])
+    const int32_t *tflat = P(0);
+    int32_t k = (int32_t)a[1], n_words = (int32_t)a[15];
+    if (touched) {  /* `words` is the buffer of the last call with this `touched`: clear only what it set */
+        for (int32_t i = 1; i <= touched[0]; i++) words[touched[i]] = 0;
+        touched[0] = 0;
+    } else {
+        memset(words, 0, (size_t)n_words * sizeof(uint32_t));
+    }
+    if (dests) {  /* likewise `seen` and the states the last call listed */
+        for (int32_t i = 1; i <= dests[0]; i++) seen[dests[i]] = 0;
+        dests[0] = 0;
+    }
+    int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
+                        node_state, a[12], (int32_t)a[13], (int32_t)a[14], state, words, seen, tok_state, touched,
+                        dests);
+    if (live < 0) return live;
+    const uint8_t *accepting = (const uint8_t *)(intptr_t)a[16];
+    if (accepting[state])
+        for (int64_t i = 0; i < a[17]; i++) { int32_t t = P(18)[i]; SET_BIT(t); }
+    for (int64_t i = 0; i < a[19]; i++) {
+        int32_t d = tflat[(int64_t)state * k + P(21)[i]];
+        if (d < 0) continue;
+        int32_t t = P(20)[i];
+        SET_BIT(t);
+        SEE(d);
+    }
+#undef P
+    if (sparse) {
+        int32_t n = 0;
+        if (touched && touched[0] <= sparse_max) {  /* the nonzero words are the touched ones */
+            n = touched[0];
+            sort_ints(touched + 1, n);
+            for (int32_t i = 0; i < n; i++) {
+                sparse[1 + 2 * i] = touched[1 + i];
+                sparse[2 + 2 * i] = (int32_t)words[touched[1 + i]];
+            }
+        } else if (touched) {
+            n = -1;
+        } else {
+            for (int32_t w = 0; w < n_words; w++) {
+                if (!words[w]) continue;
+                if (n == sparse_max) { n = -1; break; }
+                sparse[1 + 2 * n] = w;
+                sparse[2 + 2 * n] = (int32_t)words[w];
+                n++;
+            }
+        }
+        sparse[0] = n;
+    }
+    return live;
+}
+
+/* How many first bytes of a token keep the DFA live from `state` (a structural state: a few). */
+int32_t constrain_first_live(const int64_t *a, int32_t state) {
+    const int32_t *row = (const int32_t *)(intptr_t)a[0] + (int64_t)state * a[1];
+    const int32_t *node_cls = (const int32_t *)(intptr_t)a[2];
+    int32_t n = 0;
+    for (int64_t x = 0; x < a[13]; x++) n += row[node_cls[x]] >= 0;
+    return n;
+}
 """
 
 
@@ -517,6 +672,12 @@ class NativeAutomata:
         self._det_free = lib.constrain_det_free
         self._det_free.argtypes = [p]
         self._det_free.restype = None
+        self._walk = lib.constrain_walk
+        self._walk.argtypes = [p, ctypes.c_int32, p, p, p, p, p, ctypes.c_int32, p, p]
+        self._first_live = lib.constrain_first_live
+        self._first_live.argtypes = [p, ctypes.c_int32]
+        self._first_live.restype = ctypes.c_int32
+        self._walk.restype = ctypes.c_int64
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
@@ -584,6 +745,116 @@ class NativeAutomata:
         if n_blocks < 0:
             raise MemoryError("the native minimisation ran out of memory")
         return out.astype(np.int64), n_blocks
+
+
+    def walker(self, tflat: np.ndarray, n_classes: int, node_cls: np.ndarray, trie, n_words: int,
+               accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]
+               ) -> "TrieWalker":
+        """A walker of the int32 transition table `tflat` (row-major, n_classes per state, the last row dead) over
+        `trie`, whose nodes have the DFA classes `node_cls`; masks of `n_words` words with the `eos` ids allowed in
+        `accepting` states and each of `specials` allowed where its class (`special_classes`) has a transition."""
+        return TrieWalker(self._walk, self._first_live, tflat, n_classes, node_cls, trie, n_words, accepting, eos, specials,
+                          special_classes)
+
+
+def sparse_key(mask: np.ndarray) -> bytes:
+    """A mask's key for deduplication: its nonzero words (index, value) when at most `SPARSE_MAX`, else its bytes
+    (what `TrieWalker.mask` gives without reading the whole mask again in Python)."""
+    words = mask.view(np.int32)
+    nz = np.flatnonzero(words)
+    if nz.shape[0] > SPARSE_MAX:
+        return b"f" + words.tobytes()
+    return b"s" + np.column_stack([nz.astype(np.int32), words[nz]]).tobytes()
+
+
+SPARSE_MAX = 64
+
+
+class TrieWalker:
+    """One index's trie walk in C: the arrays it reads are held here (contiguous) and passed by address."""
+
+    # Depth first while at most n_nodes / _DENSE_SHARE nodes are live, else every node in order (see the C source).
+    _DENSE_SHARE = 16
+
+    def __init__(self, fn, first_live, tflat: np.ndarray, n_classes: int, node_cls: np.ndarray, trie, n_words: int,
+                 accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]):
+        parent = _parents(trie)
+        keep = [np.ascontiguousarray(a, dtype=np.int32) for a in (tflat, node_cls, trie.child_start, trie.child_count,
+                                                                   trie.term_start, trie.term_count, trie.term_tokens,
+                                                                   parent, trie.term_node)]
+        acc = np.ascontiguousarray(accepting, dtype=np.uint8)
+        eos_arr = np.asarray(list(eos) or [0], np.int32)
+        spec = np.asarray(list(specials) or [0], np.int32)
+        spec_cls = np.asarray(list(special_classes) or [0], np.int32)
+        self._keep = (keep, acc, eos_arr, spec, spec_cls)  # alive as long as the walker: C reads them by address
+        self._fn = fn
+        self._first_live_fn = first_live
+        self._n_nodes = trie.n_nodes
+        self._n_states = int(tflat.shape[0] // max(n_classes, 1)) - 1
+        self._n_words = n_words
+        self._args = (ctypes.c_int64 * 22)(
+            keep[0].ctypes.data, n_classes, *(a.ctypes.data for a in keep[1:]), trie.n_nodes,
+            int(trie.term_tokens.shape[0]), max(trie.n_nodes // self._DENSE_SHARE, 1),
+            trie.depth_start[1] if trie.max_depth else 0, max(trie.max_depth - 1, 0), n_words, acc.ctypes.data,
+            len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data)
+        self._local = threading.local()  # per thread: scratch buffers and their addresses
+
+    def _buffers(self) -> tuple:
+        b = getattr(self._local, "b", None)
+        if b is None:
+            nodes = np.empty(max(self._n_nodes, 1), np.int32)
+            words = np.zeros(self._n_words, np.uint32)
+            sparse = np.empty(1 + 2 * SPARSE_MAX, np.int32)
+            touched = np.zeros(self._n_words + 1, np.int32)  # touched[0] = 0: `words` is all zero
+            seen = np.zeros(self._n_states + 1, np.uint8)
+            dests = np.zeros(self._n_states + 2, np.int32)  # dests[0] = 0: `seen` is all zero
+            b = self._local.b = (nodes, words, sparse, touched, dests, seen,  # all kept alive: C holds addresses
+                                 tuple(a.ctypes.data for a in (nodes, words, seen, sparse, touched, dests)))
+        return b
+
+    def mask(self, state: int) -> tuple[np.ndarray, bytes, np.ndarray]:
+        """The state's mask (uint32 words; a per-thread buffer, overwritten by the next call), its `sparse_key`, and
+        the distinct states its allowed non-EOS tokens lead to (in the order found)."""
+        _, words, sparse, _, dests, _, (nodes_at, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
+        if self._fn(self._args, state, nodes_at, words_at, seen_at, None, sparse_at, SPARSE_MAX, touched_at,
+                    dests_at) < 0:
+            raise MemoryError("the native trie walk ran out of memory")
+        n = int(sparse[0])
+        key = b"f" + words.tobytes() if n < 0 else b"s" + sparse[1 : 1 + 2 * n].tobytes()
+        return words, key, dests[1 : 1 + int(dests[0])]
+
+    def first_live(self, state: int) -> int:
+        """How many first bytes of a token keep the DFA live from `state`."""
+        return int(self._first_live_fn(self._args, state))
+
+    def walk(self, state: int, words: np.ndarray, seen: np.ndarray | None = None,
+             tok_state: np.ndarray | None = None) -> int:
+        """Fill `words` (uint32 [n_words]) with the state's mask; set `seen[s]` (uint8) for each state an allowed
+        non-EOS token leads to, and `tok_state[t]` (int32) to the state byte token t ends in. Returns the number of
+        live trie nodes."""
+        nodes_at = self._buffers()[6][0]
+        n = self._fn(self._args, state, nodes_at, words.ctypes.data, None if seen is None else seen.ctypes.data,
+                     None if tok_state is None else tok_state.ctypes.data, None, 0, None, None)
+        if n < 0:
+            raise MemoryError("the native trie walk ran out of memory")
+        return int(n)
+
+
+_PARENTS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def _parents(trie) -> np.ndarray:
+    """int32 [n_nodes]: each node's parent as a global id (-1 for the first-byte nodes), once per trie."""
+    with _lock:
+        hit = _PARENTS.get(trie)
+    if hit is None:
+        ds = trie.depth_start
+        hit = np.full(trie.n_nodes, -1, np.int32)
+        for d in range(1, trie.max_depth):
+            hit[ds[d] : ds[d + 1]] = trie.parent_local[ds[d] : ds[d + 1]] + ds[d - 1]
+        with _lock:
+            _PARENTS[trie] = hit
+    return hit
 
 
 _lock = threading.Lock()

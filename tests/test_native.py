@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from constrain import automaton as fa
 from constrain import native
 from constrain.errors import ConstrainError
+from constrain.index import TokenIndex
 from constrain.schema import compile_schema
 
 from corpus import OPTIONS, jsonschemabench, sample
@@ -210,3 +211,46 @@ def test_native_determinise_reports_each_limit():
     assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, None, [flag])[0] == native.DET_CANCELLED
     late = time.monotonic() - 1.0
     assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, late, [])[0] == native.DET_TIME
+
+
+# -- the trie walk -----------------------------------------------------------------------------------------------
+
+
+def _numpy_twin(index: TokenIndex) -> TokenIndex:
+    """The same index with the numpy walks (a fresh one: no rows shared)."""
+    twin = TokenIndex(index.dfa, index.vocab)
+    twin._walker = None
+    return twin
+
+
+_WALK_SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["c", "f"]},
+                                      "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+     "required": ["city"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1, "maxItems": 3},
+]
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab", "phi3_vocab"])
+@pytest.mark.parametrize("schema", _WALK_SCHEMAS, ids=["object", "emails"])
+def test_native_walk_gives_the_numpy_masks_destinations_and_token_costs(request, vocab_name, schema):
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    # a special token on an edge too: `<tok>` + the schema, with the vocabulary's first special id
+    special = sorted(vocab.special_ids - set(vocab.eos_ids))[0]
+    dfa = fa.compile(fa.concat(fa.special(special), fa.optional(fa.literal(b" ")), dfa))
+    index = TokenIndex(dfa, vocab)
+    assert index._walker is not None
+    twin = _numpy_twin(index)
+    rng = np.random.default_rng(0)
+    states = sorted(set(rng.choice(dfa.n_states, size=min(60, dfa.n_states), replace=False).tolist()) | {dfa.start})
+    for s in states:
+        assert np.array_equal(index.mask_for_state(s), twin.mask_for_state(s)), s
+        words, dests = index._native_walk(s)
+        walk = twin._walk(s)
+        assert np.array_equal(words, twin._compute_mask(s, walk)) and np.array_equal(dests, twin._destinations(s, walk))
+    assert np.array_equal(index._budget_tables()[0], twin._budget_tables()[0])
+    for s in states[:10]:
+        assert np.array_equal(index._token_costs(s), twin._token_costs(s)), s
+    # rows deduplicate across both key forms (sparse and full)
+    assert len(index.mask_table()[0]) == len({r.tobytes() for r in index.mask_table()[0]})
