@@ -815,6 +815,14 @@ def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray
     n = transitions.shape[0]
     if n == 0:
         return _empty_dfa()
+    native = _native.automata()
+    if native is not None:
+        budget.check_time()
+        trans, acc = native.finish(transitions, accepting, start)
+        if not len(acc):
+            return _empty_dfa()
+        cols, class_map = _unique_rows(trans.T)
+        return Dfa(np.ascontiguousarray(cols.T), acc, class_map[class_of].astype(np.int32), specials, 0)
     src, cls = np.nonzero(transitions >= 0)
     dst = transitions[src, cls].astype(np.int64)
     # co-reachable (can reach acceptance): closure over reversed edges
@@ -1027,10 +1035,20 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     class_of = class_of.reshape(-1).astype(np.int32)
     pa = [int(p // (b.n_classes + 1)) - 1 for p in uniq]
     pb = [int(p % (b.n_classes + 1)) - 1 for p in uniq]
-    ra = a.rows() if not a.is_empty else []
-    rb = b.rows() if not b.is_empty else []
     if a.is_empty or (keep_b and b.is_empty):
         return _empty_dfa()
+    native = _native.automata()
+    if native is not None:
+        deadline, flags = budget.native_limits()
+        status, transitions, accepting = native.product(
+            (a.transitions, a.accepting, a.start), None if b.is_empty else (b.transitions, b.accepting, b.start),
+            np.array(pa, np.int32), np.array(pb, np.int32), keep_b, budget.max_states, deadline, flags)
+        if status != _native.DET_OK:
+            budget.native_stopped(status)
+        budget.check(len(accepting) - 1)
+        return _finish(transitions, accepting, class_of, specials, 0, budget)
+    ra = a.rows() if not a.is_empty else []
+    rb = b.rows() if not b.is_empty else []
     start = (a.start, b.start if not b.is_empty else -1)
     ids = {start: 0}
     order = [start]
@@ -1435,6 +1453,9 @@ def _minimal(dfa: Dfa, budget: _Budget) -> Dfa:
     """`dfa` minimised (it is trimmed already)."""
     if dfa.n_states <= 1:
         return dfa
+    if _native.automata() is not None:
+        minimal = _finish(dfa.transitions, dfa.accepting, dfa.class_of, dfa.specials, dfa.start, budget)
+        return dfa if minimal.n_states == dfa.n_states else minimal
     trans, acc, start = _minimise(dfa.transitions, dfa.accepting, dfa.start, budget)
     if len(trans) == dfa.n_states:
         return dfa

@@ -439,8 +439,8 @@ static void part_split(part *p) {
 /* Coarsest partition of the trimmed partial DFA `trans` (n x k, -1 = none) refining `block0` (0..n0-1, every id
    used) that is a congruence. Writes each state's block to `block_out`; returns the number of blocks, -1 when out of
    memory. */
-int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int32_t *block0, int32_t n0,
-                           int32_t *block_out) {
+static int32_t hopcroft(int32_t n, int32_t k, const int32_t *trans, const int32_t *block0, int32_t n0,
+                        int32_t *block_out) {
     int64_t m = 0;
     for (int64_t i = 0; i < (int64_t)n * k; i++) m += trans[i] >= 0;
     int32_t *tail = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
@@ -651,6 +651,211 @@ int32_t constrain_first_live(const int64_t *a, int32_t state) {
     for (int64_t x = 0; x < a[13]; x++) n += row[node_cls[x]] >= 0;
     return n;
 }
+
+int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int32_t *block0, int32_t n0,
+                           int32_t *block_out) {
+    return hopcroft(n, k, trans, block0, n0, block_out);
+}
+
+/* ---- finishing a DFA: trim, minimise, number breadth-first ---- */
+
+/* The minimal DFA of `trans` (n x k, -1 = none) from `start` with `acc`: only states reachable from the start that
+   can reach acceptance are kept, equivalent states merged (Hopcroft), and states numbered breadth-first from the start
+   (0) over classes ascending. The result (a det_result: 0 states when the language is empty) is read with
+   constrain_det_states / constrain_det_copy, its start is 0; NULL when out of memory. */
+void *constrain_finish(int32_t n, int32_t k, const int32_t *trans, const uint8_t *acc, int32_t start) {
+    det_result *out = (det_result *)calloc(1, sizeof(det_result));
+    if (!out) return NULL;
+    out->n_classes = k;
+    int64_t m = 0;
+    for (int64_t i = 0; i < (int64_t)n * k; i++) m += trans[i] >= 0;
+    int32_t *rev_off = (int32_t *)calloc((size_t)n + 2, sizeof(int32_t));
+    int32_t *rev_src = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
+    int32_t *queue = (int32_t *)malloc((size_t)n * sizeof(int32_t) + 4);
+    uint8_t *live = (uint8_t *)calloc((size_t)n + 1, 1);
+    int32_t *renum = (int32_t *)malloc((size_t)n * sizeof(int32_t) + 4);
+    int32_t *sub = NULL, *block0 = NULL, *block = NULL, *rep = NULL, *bid = NULL;
+    uint8_t *sacc = NULL;
+    int ok = rev_off && rev_src && queue && live && renum;
+    if (!ok) goto fail;
+    /* co-reachable: backwards from the accepting states */
+    for (int64_t i = 0; i < (int64_t)n * k; i++) if (trans[i] >= 0) rev_off[trans[i] + 2]++;
+    for (int32_t s = 0; s < n; s++) rev_off[s + 2] += rev_off[s + 1];
+    for (int32_t s = 0; s < n; s++)
+        for (int32_t c = 0; c < k; c++) {
+            int32_t t = trans[(int64_t)s * k + c];
+            if (t >= 0) rev_src[rev_off[t + 1]++] = s;
+        }
+    int32_t head = 0, tail = 0;
+    for (int32_t s = 0; s < n; s++) if (acc[s]) { live[s] = 1; queue[tail++] = s; }
+    while (head < tail) {
+        int32_t t = queue[head++];
+        for (int32_t j = rev_off[t]; j < rev_off[t + 1]; j++) {
+            int32_t s = rev_src[j];
+            if (!live[s]) { live[s] = 1; queue[tail++] = s; }
+        }
+    }
+    if (n == 0 || !live[start]) { free(rev_off); free(rev_src); free(queue); free(live); free(renum); return out; }
+    /* reachable from the start through live states, numbered in that order */
+    for (int32_t s = 0; s < n; s++) renum[s] = -1;
+    head = tail = 0;
+    renum[start] = 0;
+    queue[tail++] = start;
+    while (head < tail) {
+        int32_t s = queue[head++];
+        for (int32_t c = 0; c < k; c++) {
+            int32_t t = trans[(int64_t)s * k + c];
+            if (t >= 0 && live[t] && renum[t] < 0) { renum[t] = tail; queue[tail++] = t; }
+        }
+    }
+    int32_t n2 = tail;
+    sub = (int32_t *)malloc((size_t)n2 * (size_t)k * sizeof(int32_t) + 4);
+    block0 = (int32_t *)malloc((size_t)n2 * sizeof(int32_t) + 4);
+    block = (int32_t *)malloc((size_t)n2 * sizeof(int32_t) + 4);
+    sacc = (uint8_t *)malloc((size_t)n2 + 1);
+    if (!sub || !block0 || !block || !sacc) goto fail;
+    int has_acc = 0, has_rej = 0;
+    for (int32_t i = 0; i < n2; i++) {
+        int32_t s = queue[i];
+        for (int32_t c = 0; c < k; c++) {
+            int32_t t = trans[(int64_t)s * k + c];
+            sub[(int64_t)i * k + c] = (t >= 0 && live[t]) ? renum[t] : -1;
+        }
+        sacc[i] = acc[s] ? 1 : 0;
+        if (acc[s]) has_acc = 1; else has_rej = 1;
+    }
+    for (int32_t i = 0; i < n2; i++) block0[i] = (has_acc && has_rej) ? sacc[i] : 0;
+    int32_t n_blocks = hopcroft(n2, k, sub, block0, (has_acc && has_rej) ? 2 : 1, block);
+    if (n_blocks < 0) goto fail;
+    /* the quotient, breadth-first from the start's block */
+    rep = (int32_t *)malloc((size_t)n_blocks * sizeof(int32_t) + 4);
+    bid = (int32_t *)malloc((size_t)n_blocks * sizeof(int32_t) + 4);
+    out->trans = (int32_t *)malloc((size_t)n_blocks * (size_t)k * sizeof(int32_t) + 4);
+    out->acc = (uint8_t *)malloc((size_t)n_blocks + 1);
+    if (!rep || !bid || !out->trans || !out->acc) goto fail;
+    for (int32_t b = 0; b < n_blocks; b++) bid[b] = -1;
+    for (int32_t i = n2 - 1; i >= 0; i--) rep[block[i]] = i;
+    head = tail = 0;
+    bid[block[0]] = 0;
+    queue[tail++] = block[0];
+    while (head < tail) {
+        int32_t b = queue[head], r = rep[b];
+        int32_t *row = out->trans + (int64_t)head * k;
+        for (int32_t c = 0; c < k; c++) {
+            int32_t t = sub[(int64_t)r * k + c];
+            if (t < 0) { row[c] = -1; continue; }
+            int32_t tb = block[t];
+            if (bid[tb] < 0) { bid[tb] = tail; queue[tail++] = tb; }
+            row[c] = bid[tb];
+        }
+        out->acc[head] = sacc[r];
+        head++;
+    }
+    out->n_states = n_blocks;
+    out->cap = n_blocks;
+    free(rev_off); free(rev_src); free(queue); free(live); free(renum); free(sub); free(block0); free(block);
+    free(rep); free(bid); free(sacc);
+    return out;
+fail:
+    free(rev_off); free(rev_src); free(queue); free(live); free(renum); free(sub); free(block0); free(block);
+    free(rep); free(bid); free(sacc);
+    free(out->trans); free(out->acc); free(out);
+    return NULL;
+}
+
+/* ---- product: intersection (keep_b) or difference (not keep_b) of two DFAs, breadth-first ---- */
+
+/* Over nc product classes, class c reads class pa[c] of A and pb[c] of B (-1: that DFA has no such symbol).
+   b_start is -1 when B is empty (difference only). Limits as in constrain_determinise (status). */
+void *constrain_product(int32_t na, int32_t ka, const int32_t *ta, const uint8_t *acc_a, int32_t a_start,
+                        int32_t nb, int32_t kb, const int32_t *tb, const uint8_t *acc_b, int32_t b_start,
+                        int32_t nc, const int32_t *pa, const int32_t *pb, int32_t keep_b, int64_t max_states,
+                        double deadline, const int64_t *cancel, int32_t n_cancel, int32_t *status) {
+    det_result *out = (det_result *)calloc(1, sizeof(det_result));
+    if (!out) { *status = DET_NOMEM; return NULL; }
+    out->n_classes = nc;
+    det_ctx c;
+    memset(&c, 0, sizeof c);
+    c.deadline = deadline; c.cancel = cancel; c.n_cancel = n_cancel;
+    int64_t n_slot = 1024, n = 0, cap = 0;
+    int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
+    int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
+    int32_t *pair_a = NULL, *pair_b = NULL;
+    int rc = DET_NOMEM;
+    if (!keys || !vals) goto done;
+    for (int64_t i = 0; i < n_slot; i++) keys[i] = -1;
+    const int64_t width = (int64_t)nb + 1;
+#define PAIR_ID(x, y, id_out)                                                                               \
+    do {                                                                                                    \
+        int64_t key_ = ((int64_t)(x) + 1) * width + ((int64_t)(y) + 1);                                     \
+        uint64_t h_ = (uint64_t)key_ * 0x9E3779B97F4A7C15ull;                                               \
+        int64_t at_ = (int64_t)(h_ >> 20) & (n_slot - 1);                                                   \
+        while (keys[at_] >= 0 && keys[at_] != key_) at_ = (at_ + 1) & (n_slot - 1);                         \
+        if (keys[at_] == key_) { id_out = vals[at_]; break; }                                               \
+        if (n > max_states) { rc = DET_STATES; goto done; }                                                 \
+        if (n == cap) {                                                                                     \
+            int64_t cap2 = cap ? cap * 2 : 256;                                                             \
+            int32_t *tr = (int32_t *)realloc(out->trans, (size_t)cap2 * (size_t)nc * sizeof(int32_t) + 4);  \
+            if (!tr) goto done;                                                                             \
+            out->trans = tr;                                                                                \
+            uint8_t *ac = (uint8_t *)realloc(out->acc, (size_t)cap2 + 1);                                   \
+            if (!ac) goto done;                                                                             \
+            out->acc = ac;                                                                                  \
+            int32_t *p1 = (int32_t *)realloc(pair_a, (size_t)cap2 * sizeof(int32_t));                       \
+            if (!p1) goto done;                                                                             \
+            pair_a = p1;                                                                                    \
+            int32_t *p2 = (int32_t *)realloc(pair_b, (size_t)cap2 * sizeof(int32_t));                       \
+            if (!p2) goto done;                                                                             \
+            pair_b = p2;                                                                                    \
+            cap = cap2;                                                                                     \
+        }                                                                                                   \
+        keys[at_] = key_;                                                                                   \
+        vals[at_] = (int32_t)n;                                                                             \
+        pair_a[n] = (x);                                                                                    \
+        pair_b[n] = (y);                                                                                    \
+        id_out = (int32_t)n++;                                                                              \
+        if (n * 2 > n_slot) {                                                                               \
+            int64_t n_slot2 = n_slot * 2;                                                                   \
+            int64_t *k2 = (int64_t *)malloc((size_t)n_slot2 * sizeof(int64_t));                             \
+            int32_t *v2 = (int32_t *)malloc((size_t)n_slot2 * sizeof(int32_t));                             \
+            if (!k2 || !v2) { free(k2); free(v2); goto done; }                                              \
+            for (int64_t q = 0; q < n_slot2; q++) k2[q] = -1;                                               \
+            for (int64_t q = 0; q < n_slot; q++) {                                                          \
+                if (keys[q] < 0) continue;                                                                  \
+                uint64_t hq = (uint64_t)keys[q] * 0x9E3779B97F4A7C15ull;                                    \
+                int64_t aq = (int64_t)(hq >> 20) & (n_slot2 - 1);                                           \
+                while (k2[aq] >= 0) aq = (aq + 1) & (n_slot2 - 1);                                          \
+                k2[aq] = keys[q];                                                                           \
+                v2[aq] = vals[q];                                                                           \
+            }                                                                                               \
+            free(keys); free(vals);                                                                         \
+            keys = k2; vals = v2; n_slot = n_slot2;                                                         \
+        }                                                                                                   \
+    } while (0)
+    int32_t id;
+    PAIR_ID(a_start, b_start, id);
+    for (int64_t s = 0; s < n; s++) {
+        if ((rc = det_tick(&c, 1))) goto done;
+        int32_t x = pair_a[s], y = pair_b[s];
+        for (int32_t q = 0; q < nc; q++) {
+            int32_t tx = pa[q] >= 0 ? ta[(int64_t)x * ka + pa[q]] : -1;
+            int32_t ty = (y >= 0 && pb[q] >= 0) ? tb[(int64_t)y * kb + pb[q]] : -1;
+            int32_t j = -1;
+            if (tx >= 0 && !(keep_b && ty < 0)) PAIR_ID(tx, ty, j);
+            out->trans[s * nc + q] = j;
+        }
+        int ya = y >= 0 && acc_b[y];
+        out->acc[s] = acc_a[x] && (keep_b ? ya : !ya);
+    }
+#undef PAIR_ID
+    out->n_states = n;
+    out->cap = cap;
+    rc = DET_OK;
+done:
+    free(keys); free(vals); free(pair_a); free(pair_b);
+    *status = rc;
+    return out;
+}
 """
 
 
@@ -678,6 +883,15 @@ class NativeAutomata:
         self._first_live.argtypes = [p, ctypes.c_int32]
         self._first_live.restype = ctypes.c_int32
         self._walk.restype = ctypes.c_int64
+        self._product = lib.constrain_product
+        self._product.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32,
+                                  ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32,
+                                  ctypes.c_int32, p, p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double, p,
+                                  ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
+        self._product.restype = ctypes.c_void_p
+        self._finish = lib.constrain_finish
+        self._finish.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32]
+        self._finish.restype = ctypes.c_void_p
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
@@ -721,16 +935,61 @@ class NativeAutomata:
                            edge_dst.ctypes.data, mask_off.ctypes.data, mask_cls.ctypes.data, n_classes, start, final,
                            max_states, -1.0 if deadline is None else float(deadline), flags, len(cancel_flags),
                            ctypes.byref(status))
+        return self._result(handle, status.value, n_classes)
+
+    def product(self, a: tuple[np.ndarray, np.ndarray, int], b: tuple[np.ndarray, np.ndarray, int] | None,
+                pa: np.ndarray, pb: np.ndarray, keep_b: bool, max_states: int, deadline: float | None,
+                cancel_flags: Sequence[ctypes.c_int32]) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+        """Intersection (`keep_b`) or difference of DFAs `a` and `b` (each (transitions, accepting, start); `b` None
+        when empty), breadth-first over product classes: class c reads class `pa[c]` of a and `pb[c]` of b (-1:
+        none). Returns (status, transitions, accepting) as `determinise` does (states not trimmed)."""
+        ta, acc_a, sa = np.ascontiguousarray(a[0], np.int32), np.ascontiguousarray(a[1], np.uint8), a[2]
+        if b is None:
+            tb, acc_b, sb = np.zeros((0, 1), np.int32), np.zeros(1, np.uint8), -1
+        else:
+            tb, acc_b, sb = np.ascontiguousarray(b[0], np.int32), np.ascontiguousarray(b[1], np.uint8), b[2]
+        pa = np.ascontiguousarray(pa, np.int32)
+        pb = np.ascontiguousarray(pb, np.int32)
+        flags = (ctypes.c_int64 * max(1, len(cancel_flags)))(*[ctypes.addressof(f) for f in cancel_flags])
+        status = ctypes.c_int32(DET_NOMEM)
+        handle = self._product(ta.shape[0], ta.shape[1], ta.ctypes.data, acc_a.ctypes.data, sa,
+                               tb.shape[0], tb.shape[1], tb.ctypes.data, acc_b.ctypes.data, sb,
+                               len(pa), pa.ctypes.data, pb.ctypes.data, int(keep_b), max_states,
+                               -1.0 if deadline is None else float(deadline), flags, len(cancel_flags),
+                               ctypes.byref(status))
+        return self._result(handle, status.value, len(pa))
+
+    def _result(self, handle, status: int, n_classes: int) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         try:
-            if status.value == DET_NOMEM:
-                raise MemoryError("the native subset construction ran out of memory")
-            if status.value != DET_OK:
-                return status.value, None, None
+            if status == DET_NOMEM or not handle:
+                raise MemoryError("a native automaton pass ran out of memory")
+            if status != DET_OK:
+                return status, None, None
             n_states = int(self._det_states(handle))
             trans = np.empty((n_states, n_classes), np.int32)
             acc = np.empty(n_states, np.uint8)
             self._det_copy(handle, trans.ctypes.data, acc.ctypes.data)
             return DET_OK, trans, acc.astype(bool)
+        finally:
+            if handle:
+                self._det_free(handle)
+
+    def finish(self, trans: np.ndarray, accepting: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The minimal DFA of (`trans`, `accepting`, `start`): trimmed, minimised, states numbered breadth-first from
+        the start (state 0) over classes ascending. Returns (transitions int32 [n' x k], accepting bool [n']); no
+        states when the language is empty."""
+        trans = np.ascontiguousarray(trans, dtype=np.int32)
+        n, k = trans.shape
+        acc = np.ascontiguousarray(accepting, dtype=np.uint8)
+        handle = self._finish(n, k, trans.ctypes.data, acc.ctypes.data, int(start))
+        if not handle:
+            raise MemoryError("the native DFA minimisation ran out of memory")
+        try:
+            n_states = int(self._det_states(handle))
+            out = np.empty((n_states, k), np.int32)
+            out_acc = np.empty(n_states, np.uint8)
+            self._det_copy(handle, out.ctypes.data, out_acc.ctypes.data)
+            return out, out_acc.astype(bool)
         finally:
             self._det_free(handle)
 

@@ -85,6 +85,18 @@ def test_native_and_numpy_passes_build_the_same_minimal_automaton(expr_and_regex
     assert canonical(fast) == canonical(slow)
 
 
+@settings(max_examples=150, deadline=None)
+@given(BIG_EXPRS, BIG_EXPRS)
+def test_native_and_numpy_products_agree(a, b):
+    """Intersection and difference (the product construction) both ways."""
+    for make in (fa.intersect, fa.difference):
+        fa.clear_compiled()
+        fast = fa.compile(make(a[0], b[0]))
+        with numpy_passes():
+            slow = fa.compile(make(a[0], b[0]))
+        assert canonical(fast) == canonical(slow)
+
+
 def _outcome(schema) -> tuple:
     try:
         return ("compiled", canonical(compile_schema(schema, **OPTIONS).dfa))
@@ -156,6 +168,24 @@ def test_hopcroft_partition_equals_the_exact_moore_refinement(seed):
     exact, n_exact2 = fa._in_order_of_appearance(exact)
     assert n_fast == n_exact == n_exact2
     assert (fast == exact).all()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_native_finish_trims_and_minimises_like_the_numpy_passes(seed):
+    """Untrimmed random DFAs (unreachable and dead states): the same minimal automaton, numbered breadth-first."""
+    rng = np.random.default_rng(100 + seed)
+    n, k = int(rng.integers(1, 80)), int(rng.integers(1, 5))
+    trans = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+    trans[rng.random((n, k)) < 0.3] = -1
+    accepting = rng.random(n) < 0.2
+    class_of = np.arange(256, dtype=np.int32) % k
+    start = int(rng.integers(0, n))
+    budget = fa._Budget(10**9, None, "")
+    fast = fa._finish(trans, accepting, class_of, (), start, budget)
+    with numpy_passes():
+        slow = fa._finish(trans, accepting, class_of, (), start, budget)
+    assert canonical(fast) == canonical(slow)
+    assert fast.is_empty or fast.start == 0
 
 
 # -- budgets -----------------------------------------------------------------------------------------------------
