@@ -982,8 +982,8 @@ def _is_congruence(trans: np.ndarray, accepting: np.ndarray, block: np.ndarray) 
 def _minimise(
     trans: np.ndarray, accepting: np.ndarray, start: int, budget: _Budget, to_accept: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Hopcroft's refinement in C (`constrain.native`), or Moore's vectorised with numpy (hashed signatures); the
-    result is checked to be a congruence, else refined again exactly.
+    """Moore partition refinement, vectorised with numpy (hashed signatures, verified; exact fallback). The numpy
+    path only: with the native passes `_finish` trims and minimises in C (Hopcroft).
 
     The first partition already separates states by what equivalent states share: acceptance, the fewest symbols to
     acceptance (`to_accept`, when given) and which classes have a live transition, which saves a few refinement
@@ -998,12 +998,7 @@ def _minimise(
     _, block = np.unique(np.column_stack(features), axis=0, return_inverse=True)
     block0 = block.reshape(-1).astype(np.int64)
     n0 = int(block0.max()) + 1
-    native = _native.automata()
-    if native is not None:
-        budget.check_time()
-        block, n_blocks = _in_order_of_appearance(native.minimise(trans, block0, n0)[0])
-    else:
-        block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
+    block, n_blocks = _refine(trans, block0, n0, budget, exact=False)
     if not _is_congruence(trans, accepting, block):
         block, n_blocks = _refine(trans, block0, n0, budget, exact=True)
     if n_blocks == n:
