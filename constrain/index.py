@@ -94,8 +94,8 @@ class TokenIndex:
     the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
 
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
-    use (idempotently; a state's first use also fills its structural successors up to two tokens ahead) and
-    deduplicated, so equal masks share one row of `mask_table()`.
+    use (idempotently; a state's first use also fills two of its structural successors with the C walk, or up to 32
+    states two tokens ahead with the numpy walks) and deduplicated, so equal masks share one row of `mask_table()`.
 
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
