@@ -30,8 +30,8 @@ _BATCH_STATES = 256
 # tokens instead of at every state it has not seen (a numpy walk costs ~50 us even for a state with one live token).
 # With the C walk (1-3 us for a structural state) a miss fills only _NATIVE_AHEAD of the structural states its tokens
 # lead to: 32 ahead made every miss cost ~200 us (bench_engine.py cold p99, Llama 3: hermes_1tool 208 us); none ahead
-# gave the best p99 (10-25 us) but most replay steps were misses (Qwen3/Gemma 4 p50 3-5 us, xgrammar 2-3 us); two
-# ahead: p50 1.2-2.4 us, p99 22-40 us.
+# gave the best p99 (9-24 us) but most replay steps were misses (Qwen3/Gemma 4 structural workloads p50 2.9-5.5 us,
+# xgrammar 2-3 us); two ahead (Qwen3/Gemma 4): p50 1.2-2.4 us, p99 22-40 us.
 _AHEAD_LEVELS = 2
 _AHEAD_STATES = 32
 _NATIVE_AHEAD = 2
@@ -436,29 +436,19 @@ class TokenIndex:
                 return self._min_tokens, self._min_tokens_list, self._horizon
             n = self._n_states
             dests: list[np.ndarray] = [np.zeros(0, np.intp)] * n
-            batched = self._batchable_states() if self._walker is None else np.arange(n)
             # A whole-index build can take minutes (115k states of string content: ~47 s): it checks the compile's
             # deadlines (`automaton.Deadline.active`) per batch and per single state, and keeps the rows made so far.
-            for lo in range(0, batched.shape[0], _BATCH_STATES):
-                check_deadlines()
-                chunk = batched[lo : lo + _BATCH_STATES]
-                masks, chunk_dests = self._walk_batch(chunk) if self._walker is None else self._native_walks(chunk)
-                with self._lock:
-                    for i, s in enumerate(chunk.tolist()):
-                        dests[s] = chunk_dests[i]
-                        if self._row_of[s] < 0:
-                            self._row_of[s] = self._insert_row(masks[i])
-            single = np.ones(n, dtype=bool)
-            single[batched] = False
-            for s in np.flatnonzero(single).tolist():
-                check_deadlines()
-                walk = self._walk(s)
-                dests[s] = self._destinations(s, walk)
-                if self._row_of[s] < 0:
-                    mask = self._compute_mask(s, walk)
+            if self._walker is not None:
+                for s in range(n):  # one C walk per state: its mask, its row key and its destinations
+                    if s % _BATCH_STATES == 0:
+                        check_deadlines()
+                    words, key, found = self._walker.mask(s)
+                    dests[s] = np.sort(found)
                     with self._lock:
                         if self._row_of[s] < 0:
-                            self._row_of[s] = self._insert_row(mask)
+                            self._row_of[s] = self._insert_row(words, key)
+            else:
+                self._numpy_rows_and_destinations(dests)
             counts = np.fromiter((d.shape[0] for d in dests), dtype=np.intp, count=n)
             src = np.repeat(np.arange(n, dtype=np.intp), counts)
             dst = np.concatenate(dests) if n else np.zeros(0, np.intp)
@@ -491,6 +481,32 @@ class TokenIndex:
             self._min_tokens = dist
             return dist, self._min_tokens_list, self._horizon
 
+    def _numpy_rows_and_destinations(self, dests: list[np.ndarray]) -> None:
+        """Every state's row and destinations with the numpy walks: structural states in batches, the others one at a
+        time (`dests[s]` set in place)."""
+        n = self._n_states
+        batched = self._batchable_states()
+        for lo in range(0, batched.shape[0], _BATCH_STATES):
+            check_deadlines()
+            chunk = batched[lo : lo + _BATCH_STATES]
+            masks, chunk_dests = self._walk_batch(chunk)
+            with self._lock:
+                for i, s in enumerate(chunk.tolist()):
+                    dests[s] = chunk_dests[i]
+                    if self._row_of[s] < 0:
+                        self._row_of[s] = self._insert_row(masks[i])
+        single = np.ones(n, dtype=bool)
+        single[batched] = False
+        for s in np.flatnonzero(single).tolist():
+            check_deadlines()
+            walk = self._walk(s)
+            dests[s] = self._destinations(s, walk)
+            if self._row_of[s] < 0:
+                mask = self._compute_mask(s, walk)
+                with self._lock:
+                    if self._row_of[s] < 0:
+                        self._row_of[s] = self._insert_row(mask)
+
     def _token_costs(self, state: int) -> np.ndarray:
         """int64 [n_words * 32]: the least budget at which each token is allowed in `state` (see token_min_budget)."""
         dist = self._budget_tables()[0]
@@ -501,7 +517,7 @@ class TokenIndex:
         trie = self._trie
         if self._walker is not None:
             by_token = np.full(self._n_tokens, -1, dtype=np.int32)
-            self._walker.walk(state, np.zeros(self._n_words, np.uint32), tok_state=by_token)
+            self._walker.token_states(state, by_token)
             live_ids = trie.term_tokens[by_token[trie.term_tokens] >= 0]
             cost[live_ids] = np.minimum(dist[by_token[live_ids]] + 1, NO_COMPLETION)
         else:
@@ -572,7 +588,7 @@ class TokenIndex:
             todo_arr = self._batchable_states(np.asarray(todo, dtype=np.intp))[:left]
             if not todo_arr.shape[0]:
                 return
-            masks, dests = self._walk_batch(todo_arr) if self._walker is None else self._native_walks(todo_arr)
+            masks, dests = self._walk_batch(todo_arr)
             with self._lock:
                 for i, s in enumerate(todo_arr.tolist()):
                     if row_of[s] < 0:
@@ -758,26 +774,6 @@ class TokenIndex:
             live = self._tflat[state * self._n_classes + self._special_cls_arr] >= 0
             allowed[self._special_ids_arr[live]] = True
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
-
-    def _native_walk(self, state: int, seen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """`_compute_mask` and `_destinations` of one state in one C walk (`constrain.native.TrieWalker`)."""
-        words = np.empty(self._n_words, np.uint32)
-        if seen is None:
-            seen = np.zeros(self._n_states + 1, np.uint8)
-        else:
-            seen[:] = 0
-        self._walker.walk(state, words, seen)
-        return words.view(np.int32), np.flatnonzero(seen[: self._n_states])
-
-    def _native_walks(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """`_walk_batch` by one C walk per state."""
-        masks = np.empty((states.shape[0], self._n_words), np.int32)
-        dests = []
-        seen = np.empty(self._n_states + 1, np.uint8)
-        for i, s in enumerate(states.tolist()):
-            masks[i], d = self._native_walk(s, seen)
-            dests.append(d)
-        return masks, dests
 
 
 # --------------------------------------------------------------------------------------------------------------------

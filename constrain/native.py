@@ -154,35 +154,23 @@ static int settab_add(settab *t, const int32_t *a, int64_t n, uint64_t h, int32_
     return 1;
 }
 
-static void sort_ints(int32_t *a, int64_t n);
-static void sort_u64(uint64_t *a, int64_t n);
-
-static int cmp_i32(const void *x, const void *y) {
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    return (a > b) - (a < b);
-}
-static int cmp_u64(const void *x, const void *y) {
-    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return (a > b) - (a < b);
-}
-static void sort_ints(int32_t *a, int64_t n) {
-    if (n > 24) { qsort(a, (size_t)n, sizeof(int32_t), cmp_i32); return; }
-    for (int64_t i = 1; i < n; i++) {
-        int32_t x = a[i];
-        int64_t j = i;
-        while (j > 0 && a[j - 1] > x) { a[j] = a[j - 1]; j--; }
-        a[j] = x;
+/* ascending sorts: insertion sort for short runs (the usual case here), qsort beyond */
+#define DEFINE_SORT(NAME, T)                                                                            \
+    static int NAME##_cmp(const void *x, const void *y) {                                               \
+        T a = *(const T *)x, b = *(const T *)y;                                                         \
+        return (a > b) - (a < b);                                                                       \
+    }                                                                                                   \
+    static void NAME(T *a, int64_t n) {                                                                 \
+        if (n > 24) { qsort(a, (size_t)n, sizeof(T), NAME##_cmp); return; }                             \
+        for (int64_t i = 1; i < n; i++) {                                                               \
+            T x = a[i];                                                                                 \
+            int64_t j = i;                                                                              \
+            while (j > 0 && a[j - 1] > x) { a[j] = a[j - 1]; j--; }                                     \
+            a[j] = x;                                                                                   \
+        }                                                                                               \
     }
-}
-static void sort_u64(uint64_t *a, int64_t n) {
-    if (n > 24) { qsort(a, (size_t)n, sizeof(uint64_t), cmp_u64); return; }
-    for (int64_t i = 1; i < n; i++) {
-        uint64_t x = a[i];
-        int64_t j = i;
-        while (j > 0 && a[j - 1] > x) { a[j] = a[j - 1]; j--; }
-        a[j] = x;
-    }
-}
+DEFINE_SORT(sort_ints, int32_t)
+DEFINE_SORT(sort_u64, uint64_t)
 
 /* ---- subset construction ---- */
 typedef struct {
@@ -995,7 +983,8 @@ class NativeAutomata:
 
     def minimise(self, trans: np.ndarray, block0: np.ndarray, n0: int) -> tuple[np.ndarray, int]:
         """Each state's block in the coarsest congruence of the trimmed DFA `trans` that refines `block0` (ids
-        0..n0-1, all used), and the number of blocks. Block ids are arbitrary (not in order of first appearance)."""
+        0..n0-1, all used), and the number of blocks. Block ids are arbitrary (not in order of first appearance).
+        The partition `finish` minimises with; exposed so tests can hold it against the exact Moore refinement."""
         trans = np.ascontiguousarray(trans, dtype=np.int32)
         n, k = trans.shape
         b0 = np.ascontiguousarray(block0, dtype=np.int32)
@@ -1049,7 +1038,7 @@ class TrieWalker:
         self._fn = fn
         self._first_live_fn = first_live
         self._n_nodes = trie.n_nodes
-        self._n_states = int(tflat.shape[0] // max(n_classes, 1)) - 1
+        self._n_states = len(accepting)
         self._n_words = n_words
         self._args = (ctypes.c_int64 * 22)(
             keep[0].ctypes.data, n_classes, *(a.ctypes.data for a in keep[1:]), trie.n_nodes,
@@ -1086,17 +1075,13 @@ class TrieWalker:
         """How many first bytes of a token keep the DFA live from `state`."""
         return int(self._first_live_fn(self._args, state))
 
-    def walk(self, state: int, words: np.ndarray, seen: np.ndarray | None = None,
-             tok_state: np.ndarray | None = None) -> int:
-        """Fill `words` (uint32 [n_words]) with the state's mask; set `seen[s]` (uint8) for each state an allowed
-        non-EOS token leads to, and `tok_state[t]` (int32) to the state byte token t ends in. Returns the number of
-        live trie nodes."""
+    def token_states(self, state: int, tok_state: np.ndarray) -> None:
+        """Set `tok_state[t]` (int32 [n_tokens], -1 filled) to the state each live byte token t ends in."""
+        words = np.empty(self._n_words, np.uint32)  # not the `mask` buffer, which is kept zero by its touched list
         nodes_at = self._buffers()[6][0]
-        n = self._fn(self._args, state, nodes_at, words.ctypes.data, None if seen is None else seen.ctypes.data,
-                     None if tok_state is None else tok_state.ctypes.data, None, 0, None, None)
-        if n < 0:
+        if self._fn(self._args, state, nodes_at, words.ctypes.data, None, tok_state.ctypes.data, None, 0, None,
+                    None) < 0:
             raise MemoryError("the native trie walk ran out of memory")
-        return int(n)
 
 
 _PARENTS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
