@@ -66,7 +66,10 @@ TOOL_CASES = [
                  marks=pytest.mark.slow),
     pytest.param("minItems_1e5", one({"type": "array", "items": {"type": "integer"}, "minItems": 100_000}), 64,
                  ("budget_exceeded", "/properties/v/minItems"), marks=pytest.mark.slow),
-    pytest.param("bounded_repetition_50000", one({"type": "string", "pattern": "^[a-z]{1,50000}$"}), 64,
+    # past the 100k-state budget: refused at the automaton on any machine. ({1,50000}, 50,002 states, now compiles
+    # and its token index answers in ~28.5 s here, at the edge of the 30 s request budget: it is run below under a
+    # 5 s budget instead, where its index is refused with the pattern named.)
+    pytest.param("bounded_repetition_150000", one({"type": "string", "pattern": "^[a-z]{1,150000}$"}), 64,
                  ("budget_exceeded", "/properties/v/pattern"), marks=pytest.mark.slow),
     # 1 to 8,000 a's: 8,003 states, exact; over the time budget while the subset construction was Python, compiled in
     # 2.6 s (library) / 3.4 s (through the server) on the 2-core machine since it is C (constrain/native.py)
@@ -210,3 +213,10 @@ def test_index_build_past_the_compile_budget_is_refused(tmp_path):
         while stats_of(s.port)["compiles"]["running"]:
             assert time.monotonic() < stop_by, "the compile ran on after its budget"
             time.sleep(0.1)
+        # 1 to 50,000 letters: the automaton (50,002 states) compiles in ~0.5 s, its minimum-length table takes ~28 s;
+        # the refusal names the part with the most states, the pattern
+        body["tools"] = [tool("long_run", one({"type": "string", "pattern": "^[a-z]{1,50000}$"}))]
+        status, data = send(s, "bounded_repetition_50000 (5 s compile budget)", body)
+        err = error_of(status, data)
+        assert status == 400 and err["code"] == "budget_exceeded", err
+        assert err["param"] == "tools[0].function.parameters.properties.v.pattern", err
