@@ -186,7 +186,7 @@ class TokenIndex:
         # The trie walk in C where it is built (int32 tables only); else the numpy walks below.
         lib = _native.automata() if dtype is np.int32 else None
         self._walker = None if lib is None else lib.walker(
-            self._tflat, n_classes, self._node_cls, trie, self._n_words, self._accepting, self._eos,
+            self._tflat, n_classes, class_of[:256], self._node_cls, trie, self._n_words, self._accepting, self._eos,
             self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
 
     def __getstate__(self) -> dict[str, Any]:
@@ -274,11 +274,7 @@ class TokenIndex:
         if state == self._n_states:
             return row_of[state]  # the finished pseudo-state's row is made at construction
         if self._walker is not None:
-            words, key, dests = self._walker.mask(state)
-            with self._lock:
-                if row_of[state] < 0:
-                    row_of[state] = self._insert_row(words, key)
-                row = row_of[state]
+            row, dests = self._native_row(state)
             self._fill_ahead_native(dests)
             return row
         walk = self._walk(state)
@@ -442,7 +438,7 @@ class TokenIndex:
                 for s in range(n):  # one C walk per state: its mask, its row key and its destinations
                     if s % _BATCH_STATES == 0:
                         check_deadlines()
-                    words, key, found = self._walker.mask(s)
+                    words, key, found, _ = self._walker.mask(s, share=False)  # every destination
                     dests[s] = np.sort(found)
                     with self._lock:
                         if self._row_of[s] < 0:
@@ -607,11 +603,23 @@ class TokenIndex:
                 return
             if row_of[d] >= 0 or walker.first_live(d) > _BATCH_MAX_FIRST:
                 continue
-            words, key, _ = walker.mask(d)
-            with self._lock:
-                if row_of[d] < 0:
-                    row_of[d] = self._insert_row(words, key)
+            self._native_row(d)
             left -= 1
+
+    def _native_row(self, state: int) -> tuple[int, np.ndarray]:
+        """Fill `state`'s row with the C walk (or as a remembered state's row, see `native.TrieWalker`); returns the
+        row and some of the destination states the walk found."""
+        row_of = self._row_of
+        words, key, dests, same_as = self._walker.mask(state)
+        if same_as >= 0:
+            row = row_of[same_as]
+            if row < 0:  # another thread has not inserted that state's row yet
+                words, key, dests, _ = self._walker.mask(state, share=False)
+        with self._lock:
+            if row_of[state] < 0:
+                row_of[state] = row if same_as >= 0 and row >= 0 else self._insert_row(words, key)
+            row = row_of[state]
+        return row, dests
 
     def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and

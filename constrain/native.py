@@ -491,10 +491,14 @@ done:
 /* Nodes are breadth-first with contiguous children (`constrain.trie._Trie`); the first-byte nodes are 0..n_first-1.
    Sets the bit of every token whose bytes keep the DFA live from `state` in `words` (zeroed by the caller); marks
    the state each such token ends in, in `seen` (n_states flags) and `tok_state` (per token id), when not NULL.
-   Depth first with pruning while few nodes are live; once more than `dense_after` are, it starts again breadth
-   first over every node in order (`node_state`: n_nodes scratch), which reads memory sequentially (a string-content
+   Depth first with pruning while few nodes are live; once more than `dense_after` are, it returns -2 with
+   `stop_after`, else starts again breadth first over every node in order (`node_state`: n_nodes scratch), which reads memory sequentially (a string-content
    state keeps ~all nodes live: 3.9 ms depth first, 0.6 ms in order on Llama 3's 275k nodes).
    Returns the number of live nodes, -1 when out of memory. */
+/* trie node flags for a byte set X (`constrain_xflags`): the node's path holds a byte of X; the node or one below
+   it ends a token whose path does */
+enum { X_ON_PATH = 1, X_BELOW = 2 };
+
 /* set token t's bit; with `touched`, list each word set from zero (touched[0]: how many so far) */
 #define SET_BIT(t)                                                                                  \
     do {                                                                                            \
@@ -516,7 +520,7 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
                     const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
                     const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
                     int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
-                    int32_t n_first, int32_t max_depth, int32_t state,
+                    int32_t n_first, int32_t max_depth, int32_t state, const uint8_t *flags, int stop_after,
                     uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests) {
     int32_t *cur = (int32_t *)malloc((size_t)(max_depth + 1) * 3 * sizeof(int32_t));
     if (!cur) return -1;
@@ -527,11 +531,12 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
     while (depth >= 0) {
         if (cur[depth] == end[depth]) { depth--; continue; }
         int32_t node = cur[depth]++;
+        if (flags && !(flags[node] & X_BELOW)) continue;
         int32_t s = tflat[(int64_t)from[depth] * k + node_cls[node]];
         if (s < 0) continue;
         if (++live > dense_after) break;
         int32_t tc = term_count[node];
-        if (tc) {
+        if (tc && (!flags || (flags[node] & X_ON_PATH))) {
             const int32_t *tok = term_tokens + term_start[node];
             for (int32_t i = 0; i < tc; i++) {
                 SET_BIT(tok[i]);
@@ -549,6 +554,7 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
     }
     free(cur);
     if (live <= dense_after) return live;
+    if (stop_after) return -2;
     /* in order: every node's state from its parent's (parents come first) */
     const int32_t *row = tflat + (int64_t)state * k;
     for (int32_t x = 0; x < n_first; x++) node_state[x] = row[node_cls[x]];
@@ -576,25 +582,72 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
         n_specials, special ids, special classes}, addresses as integers.
    Zeroes `words` first. `sparse` (when not NULL) receives the count of nonzero words, or -1 when more than
    `sparse_max`, then each nonzero word's index and value. */
-int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uint32_t *words, uint8_t *seen,
-                       int32_t *tok_state, int32_t *sparse, int32_t sparse_max, int32_t *touched, int32_t *dests) {
 #define P(i) ((const int32_t *)(intptr_t)a[i])
-    const int32_t *tflat = P(0);
-    int32_t k = (int32_t)a[1], n_words = (int32_t)a[15];
+static void clear_last(const int64_t *a, uint32_t *words, uint8_t *seen, int32_t *touched, int32_t *dests) {
     if (touched) {  /* `words` is the buffer of the last call with this `touched`: clear only what it set */
         for (int32_t i = 1; i <= touched[0]; i++) words[touched[i]] = 0;
         touched[0] = 0;
     } else {
-        memset(words, 0, (size_t)n_words * sizeof(uint32_t));
+        memset(words, 0, (size_t)a[15] * sizeof(uint32_t));
     }
     if (dests) {  /* likewise `seen` and the states the last call listed */
         for (int32_t i = 1; i <= dests[0]; i++) seen[dests[i]] = 0;
         dests[0] = 0;
     }
+}
+
+static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_t *seen, int32_t *sparse,
+                        int32_t sparse_max, int32_t *touched, int32_t *dests);
+
+/* `share`: return -2 (a state the caller may rather derive from an earlier one's mask: `constrain_walk_delta`) at
+   once when the subtrees of the live first-byte nodes hold a[24] nodes or more (a[23]: int64 subtree sizes of the
+   first-byte nodes), or once the depth-first walk finds more than a[22] nodes live. */
+int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uint32_t *words, uint8_t *seen,
+                       int32_t *tok_state, int32_t *sparse, int32_t sparse_max, int32_t *touched, int32_t *dests,
+                       int32_t share) {
+    const int32_t *tflat = P(0);
+    int32_t k = (int32_t)a[1];
+    clear_last(a, words, seen, touched, dests);
+    if (share) {
+        const int32_t *row = tflat + (int64_t)state * k, *node_cls = P(2);
+        const int64_t *below = (const int64_t *)(intptr_t)a[23];
+        int64_t n = 0;
+        for (int64_t x = 0; x < a[13]; x++) n += row[node_cls[x]] >= 0 ? below[x] : 0;
+        if (n >= a[24]) return -2;
+    }
     int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
-                        node_state, a[12], (int32_t)a[13], (int32_t)a[14], state, words, seen, tok_state, touched,
-                        dests);
+                        node_state, share ? a[22] : a[12], (int32_t)a[13], (int32_t)a[14], state, NULL, share,
+                        words, seen, tok_state, touched, dests);
     if (live < 0) return live;
+    finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
+    return live;
+}
+
+/* `state`'s mask from `base`, the mask of a state that keeps the same byte strings live as `state` as long as they
+   avoid a byte set X (`constrain_pair_check`): the tokens without a byte of X as in `base` (`nox`: their bits),
+   the others walked from `state` depth first, visiting only the trie nodes `flags` (`constrain_xflags`) marks as
+   leading to them; EOS and special bits as `constrain_walk` sets them. Returns the number of nodes walked. */
+int64_t constrain_walk_delta(const int64_t *a, int32_t state, const uint8_t *flags, const uint32_t *base,
+                             const uint32_t *nox, uint32_t *words, uint8_t *seen, int32_t *sparse, int32_t sparse_max,
+                             int32_t *touched, int32_t *dests) {
+    clear_last(a, words, seen, touched, dests);
+    for (int64_t w = 0; w < a[15]; w++) {
+        uint32_t v = base[w] & nox[w];
+        words[w] = v;
+        if (v) touched[1 + touched[0]++] = (int32_t)w;
+    }
+    int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
+                        (int32_t)a[11], NULL, INT64_MAX, (int32_t)a[13], (int32_t)a[14], state, flags, 0, words, seen,
+                        NULL, touched, dests);
+    if (live < 0) return live;
+    finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
+    return live;
+}
+
+static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_t *seen, int32_t *sparse,
+                        int32_t sparse_max, int32_t *touched, int32_t *dests) {
+    const int32_t *tflat = P(0);
+    int32_t k = (int32_t)a[1], n_words = (int32_t)a[15];
     const uint8_t *accepting = (const uint8_t *)(intptr_t)a[16];
     if (accepting[state])
         for (int64_t i = 0; i < a[17]; i++) { int32_t t = P(18)[i]; SET_BIT(t); }
@@ -605,7 +658,6 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
         SET_BIT(t);
         SEE(d);
     }
-#undef P
     if (sparse) {
         int32_t n = 0;
         if (touched && touched[0] <= sparse_max) {  /* the nonzero words are the touched ones */
@@ -628,7 +680,81 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
         }
         sparse[0] = n;
     }
-    return live;
+}
+#undef P
+
+/* Trie node flags for the byte set `in_x` (256 flags): X_ON_PATH on each node whose path holds a byte of X, X_BELOW
+   on each node at or above a node that has X_ON_PATH (nodes breadth-first: parents first). `nox` (zeroed by the
+   caller) gets the bit of every byte token whose path holds no byte of X. Returns how many nodes have X_BELOW. */
+int64_t constrain_xflags(int32_t n_nodes, const uint8_t *node_byte, const int32_t *parent, const uint8_t *in_x,
+                         int32_t n_terms, const int32_t *term_node, const int32_t *term_tokens, uint8_t *flags,
+                         uint32_t *nox) {
+    for (int32_t x = 0; x < n_nodes; x++) {
+        int32_t p = parent[x];
+        flags[x] = (in_x[node_byte[x]] || (p >= 0 && (flags[p] & X_ON_PATH))) ? X_ON_PATH | X_BELOW : 0;
+    }
+    int64_t below = 0;
+    for (int32_t x = n_nodes - 1; x >= 0; x--) {
+        if (!(flags[x] & X_BELOW)) continue;
+        below++;
+        if (parent[x] >= 0) flags[parent[x]] |= X_BELOW;
+    }
+    for (int32_t i = 0; i < n_terms; i++)
+        if (!(flags[term_node[i]] & X_ON_PATH)) nox[term_tokens[i] >> 5] |= 1u << (term_tokens[i] & 31);
+    return below;
+}
+
+/* Whether DFA states p and q keep the same byte strings of up to `depth` bytes live when the strings avoid the
+   classes flagged in `xcls` (k flags; classes without a byte, flagged 0 in `has_byte`, are never read): breadth
+   first over pairs of states, a pair of equal states agreeing on everything. On a disagreement it flags the class
+   that led to the disagreeing pair (e.g. the closing quote of two string fields followed by different properties)
+   and starts again, at most `max_rounds` times. p and q must agree on the first byte. Returns how many classes
+   `xcls` flags when p and q agree, -1 when they do not within those rounds or more than `max_pairs` pairs are
+   reached, -3 when out of memory. */
+int32_t constrain_pair_check(const int64_t *a, const uint8_t *has_byte, int32_t p, int32_t q, int32_t depth,
+                             uint8_t *xcls, int32_t max_pairs, int32_t max_rounds) {
+    const int32_t *tflat = (const int32_t *)(intptr_t)a[0];
+    int32_t k = (int32_t)a[1];
+    int64_t cap = 16;
+    while (cap < 2 * (int64_t)max_pairs) cap *= 2;
+    int64_t *keys = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
+    int32_t *pa = (int32_t *)malloc((size_t)max_pairs * 4 * sizeof(int32_t));
+    if (!keys || !pa) { free(keys); free(pa); return -3; }
+    int32_t *pb = pa + max_pairs, *pd = pb + max_pairs, *pf = pd + max_pairs;
+    int32_t result = -1;
+    for (int32_t round = 0; round <= max_rounds; round++) {
+        for (int64_t i = 0; i < cap; i++) keys[i] = -1;
+        int32_t n = 1, fail = -1;
+        pa[0] = p; pb[0] = q; pd[0] = 0; pf[0] = -1;
+        for (int32_t head = 0; head < n && fail < 0; head++) {
+            const int32_t *ra = tflat + (int64_t)pa[head] * k, *rb = tflat + (int64_t)pb[head] * k;
+            int32_t d = pd[head], f = pf[head];
+            for (int32_t c = 0; c < k; c++) {
+                if (!has_byte[c] || xcls[c]) continue;
+                int32_t ta = ra[c], tb = rb[c];
+                if ((ta < 0) != (tb < 0)) { fail = f < 0 ? -2 : f; break; }  /* -2: on the first byte */
+                if (ta < 0 || ta == tb || d + 1 >= depth) continue;
+                int64_t key = ((int64_t)ta << 32) | (uint32_t)tb;
+                uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+                int64_t slot = (int64_t)(h >> 20) & (cap - 1);
+                while (keys[slot] >= 0 && keys[slot] != key) slot = (slot + 1) & (cap - 1);
+                if (keys[slot] == key) continue;
+                if (n == max_pairs) { fail = -2; break; }  /* -2: too many pairs */
+                keys[slot] = key;
+                pa[n] = ta; pb[n] = tb; pd[n] = d + 1; pf[n] = c;
+                n++;
+            }
+        }
+        if (fail == -2) break;
+        if (fail < 0) {
+            result = 0;
+            for (int32_t c = 0; c < k; c++) result += xcls[c] != 0;
+            break;
+        }
+        xcls[fail] = 1;
+    }
+    free(keys); free(pa);
+    return result;
 }
 
 /* How many first bytes of a token keep the DFA live from `state` (a structural state: a few). */
@@ -866,7 +992,17 @@ class NativeAutomata:
         self._det_free.argtypes = [p]
         self._det_free.restype = None
         self._walk = lib.constrain_walk
-        self._walk.argtypes = [p, ctypes.c_int32, p, p, p, p, p, ctypes.c_int32, p, p]
+        self._walk.argtypes = [p, ctypes.c_int32, p, p, p, p, p, ctypes.c_int32, p, p, ctypes.c_int32]
+        self._walk_delta = lib.constrain_walk_delta
+        self._walk_delta.argtypes = [p, ctypes.c_int32, p, p, p, p, p, p, ctypes.c_int32, p, p]
+        self._walk_delta.restype = ctypes.c_int64
+        self._xflags = lib.constrain_xflags
+        self._xflags.argtypes = [ctypes.c_int32, p, p, p, ctypes.c_int32, p, p, p, p]
+        self._xflags.restype = ctypes.c_int64
+        self._pair_check = lib.constrain_pair_check
+        self._pair_check.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32,
+                                     ctypes.c_int32]
+        self._pair_check.restype = ctypes.c_int32
         self._first_live = lib.constrain_first_live
         self._first_live.argtypes = [p, ctypes.c_int32]
         self._first_live.restype = ctypes.c_int32
@@ -995,13 +1131,15 @@ class NativeAutomata:
         return out.astype(np.int64), n_blocks
 
 
-    def walker(self, tflat: np.ndarray, n_classes: int, node_cls: np.ndarray, trie, n_words: int,
+    def walker(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, node_cls: np.ndarray, trie,
+               n_words: int,
                accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]
                ) -> "TrieWalker":
         """A walker of the int32 transition table `tflat` (row-major, n_classes per state, the last row dead) over
-        `trie`, whose nodes have the DFA classes `node_cls`; masks of `n_words` words with the `eos` ids allowed in
-        `accepting` states and each of `specials` allowed where its class (`special_classes`) has a transition."""
-        return TrieWalker(self._walk, self._first_live, tflat, n_classes, node_cls, trie, n_words, accepting, eos, specials,
+        `trie`, whose bytes have the DFA classes `byte_class` (256; `node_cls`: per trie node); masks of `n_words` words with the `eos` ids
+        allowed in `accepting` states and each of `specials` allowed where its class (`special_classes`) has a
+        transition."""
+        return TrieWalker(self, tflat, n_classes, byte_class, node_cls, trie, n_words, accepting, eos, specials,
                           special_classes)
 
 
@@ -1019,14 +1157,36 @@ SPARSE_MAX = 64
 
 
 class TrieWalker:
-    """One index's trie walk in C: the arrays it reads are held here (contiguous) and passed by address."""
+    """One index's trie walk in C: the arrays it reads are held here (contiguous) and passed by address.
+
+    Shared walks. A wide state (at least half the first-byte nodes live: string content, free text) costs a walk of
+    most of the trie (0.3-1 ms). Its mask is instead derived from an earlier wide state p with the same live first
+    bytes when the two keep the same byte strings live, up to the longest token, except strings through a small
+    byte set X (`constrain_pair_check`; X is found from the disagreements, e.g. the closing quote of two string
+    fields followed by different properties): the tokens without a byte of X take p's bits, the others are walked
+    from the state (`constrain_walk_delta`), which visits only the trie nodes leading to them. Exact by
+    construction; `tests/test_native.py` compares every state's mask with the full walk's.
+    """
 
     # Depth first while at most n_nodes / _DENSE_SHARE nodes are live, else every node in order (see the C source).
     _DENSE_SHARE = 16
+    # A state may take its mask from an earlier one's when its live first bytes lead to n_nodes / _WIDE_NODES nodes
+    # or more, or once more than n_nodes / _SHARE_NODES nodes are live (a depth-first walk that far: 20-50 us on
+    # Qwen3's 333k nodes).
+    _WIDE_NODES = 8
+    _SHARE_NODES = 64
+    # Earlier dense states kept per pattern of live first classes (their masks copied), and patterns at most.
+    _REPS_PER_PATTERN = 4
+    _PATTERNS_MAX = 16
+    # The pair search's bounds: state pairs reached, and classes added to X (one per round).
+    _MAX_PAIRS = 4096
+    _MAX_ROUNDS = 3
 
-    def __init__(self, fn, first_live, tflat: np.ndarray, n_classes: int, node_cls: np.ndarray, trie, n_words: int,
-                 accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]):
+    def __init__(self, lib: "NativeAutomata", tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
+                 node_cls: np.ndarray, trie, n_words: int, accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int],
+                 special_classes: Sequence[int]):
         parent = _parents(trie)
+        byte_class = np.asarray(byte_class[:256], np.int64)
         keep = [np.ascontiguousarray(a, dtype=np.int32) for a in (tflat, node_cls, trie.child_start, trie.child_count,
                                                                    trie.term_start, trie.term_count, trie.term_tokens,
                                                                    parent, trie.term_node)]
@@ -1034,18 +1194,32 @@ class TrieWalker:
         eos_arr = np.asarray(list(eos) or [0], np.int32)
         spec = np.asarray(list(specials) or [0], np.int32)
         spec_cls = np.asarray(list(special_classes) or [0], np.int32)
-        self._keep = (keep, acc, eos_arr, spec, spec_cls)  # alive as long as the walker: C reads them by address
-        self._fn = fn
-        self._first_live_fn = first_live
+        has_byte = np.zeros(n_classes, np.uint8)
+        has_byte[byte_class] = 1
+        first_below = _first_subtrees(trie)
+        self._keep = (keep, acc, eos_arr, spec, spec_cls, has_byte, first_below)  # alive as long as the walker: C reads them
+        self._lib = lib
+        self._fn = lib._walk
+        self._trie = trie
+        self._tflat = keep[0]
+        self._k = n_classes
+        self._byte_class = byte_class
         self._n_nodes = trie.n_nodes
         self._n_states = len(accepting)
+        self._accepting = np.asarray(accepting, bool).tolist()
         self._n_words = n_words
-        self._args = (ctypes.c_int64 * 22)(
+        n_first = trie.depth_start[1] if trie.max_depth else 0
+        self._dense_after = max(trie.n_nodes // self._DENSE_SHARE, 1)
+        self._share_after = max(trie.n_nodes // self._SHARE_NODES, 1)
+        self._args = (ctypes.c_int64 * 25)(
             keep[0].ctypes.data, n_classes, *(a.ctypes.data for a in keep[1:]), trie.n_nodes,
-            int(trie.term_tokens.shape[0]), max(trie.n_nodes // self._DENSE_SHARE, 1),
-            trie.depth_start[1] if trie.max_depth else 0, max(trie.max_depth - 1, 0), n_words, acc.ctypes.data,
-            len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data)
+            int(trie.term_tokens.shape[0]), self._dense_after, n_first, max(trie.max_depth - 1, 0), n_words,
+            acc.ctypes.data, len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data,
+            self._share_after, first_below.ctypes.data, max(trie.n_nodes // self._WIDE_NODES, 1))
         self._local = threading.local()  # per thread: scratch buffers and their addresses
+        self._reps: dict[bytes, list[tuple[int, np.ndarray]]] = {}
+        self._reps_lock = threading.Lock()
+        self.shared = 0  # masks derived from an earlier state's (for tests and benchmarks)
 
     def _buffers(self) -> tuple:
         b = getattr(self._local, "b", None)
@@ -1060,31 +1234,140 @@ class TrieWalker:
                                  tuple(a.ctypes.data for a in (nodes, words, seen, sparse, touched, dests)))
         return b
 
-    def mask(self, state: int) -> tuple[np.ndarray, bytes, np.ndarray]:
-        """The state's mask (uint32 words; a per-thread buffer, overwritten by the next call), its `sparse_key`, and
-        the distinct states its allowed non-EOS tokens lead to (in the order found)."""
+    def mask(self, state: int, share: bool = True) -> tuple[np.ndarray | None, bytes | None, np.ndarray, int]:
+        """The state's mask (uint32 words; a per-thread buffer, overwritten by the next call), its `sparse_key`, the
+        distinct states its allowed non-EOS tokens lead to (in the order found), and -1. With `share` (a wide state
+        may take its mask from an earlier one's) the destinations may be only some, and the result may instead be
+        (None, None, no states, p): the mask is exactly that of the earlier state p."""
         _, words, sparse, _, dests, _, (nodes_at, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
-        if self._fn(self._args, state, nodes_at, words_at, seen_at, None, sparse_at, SPARSE_MAX, touched_at,
-                    dests_at) < 0:
+        live = self._fn(self._args, state, nodes_at, words_at, seen_at, None, sparse_at, SPARSE_MAX, touched_at,
+                        dests_at, int(share))
+        if live == -2:
+            got = self._shared(state)
+            if got is not None:
+                self.shared += 1
+            if got is not None and got >= 0:
+                return None, None, dests[:0], got
+            if got is None:
+                live = self._fn(self._args, state, nodes_at, words_at, seen_at, None, sparse_at, SPARSE_MAX,
+                                touched_at, dests_at, 0)
+                if live > self._share_after:
+                    self._remember(state, words)
+        if live < 0 and live != -2:
             raise MemoryError("the native trie walk ran out of memory")
         n = int(sparse[0])
         key = b"f" + words.tobytes() if n < 0 else b"s" + sparse[1 : 1 + 2 * n].tobytes()
-        return words, key, dests[1 : 1 + int(dests[0])]
+        return words, key, dests[1 : 1 + int(dests[0])], -1
+
+    def _pattern(self, state: int) -> bytes:
+        return (self._tflat[state * self._k : (state + 1) * self._k] >= 0).tobytes()
+
+    def _remember(self, state: int, words: np.ndarray) -> None:
+        with self._reps_lock:
+            reps = self._reps.get(pattern := self._pattern(state))
+            if reps is None:
+                if len(self._reps) >= self._PATTERNS_MAX:
+                    return
+                reps = self._reps[pattern] = []
+            if len(reps) == self._REPS_PER_PATTERN:
+                del reps[0]  # the oldest: the newest is likelier to be near the states still to come
+            reps.append((state, words.copy()))
+
+    def _shared(self, state: int) -> int | None:
+        """A remembered state whose mask `state` has exactly (same live byte strings and acceptance; live special
+        tokens are part of the pattern), or -1 having filled this thread's buffers with `state`'s mask derived from
+        a remembered state's; None when none fits."""
+        reps = self._reps.get(self._pattern(state))
+        if not reps:
+            return None
+        _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
+        lib, has_byte_at = self._lib, self._keep[5].ctypes.data
+        for p, base in reversed(reps):
+            xcls = np.zeros(self._k, np.uint8)
+            n_x = lib._pair_check(self._args, has_byte_at, p, state, self._trie.max_depth, xcls.ctypes.data,
+                                  self._MAX_PAIRS, self._MAX_ROUNDS)
+            if n_x == -3:
+                raise MemoryError("the native pair search ran out of memory")
+            if n_x < 0:
+                continue
+            if n_x == 0 and self._accepting[p] == self._accepting[state]:
+                return p
+            x = _x_flags(lib, self._trie, xcls[self._byte_class].tobytes(), self._n_words)
+            if x is None:
+                continue
+            flags, nox = x
+            if lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, nox.ctypes.data, words_at,
+                               seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
+                raise MemoryError("the native trie walk ran out of memory")
+            return -1
+        return None
 
     def first_live(self, state: int) -> int:
         """How many first bytes of a token keep the DFA live from `state`."""
-        return int(self._first_live_fn(self._args, state))
+        return int(self._lib._first_live(self._args, state))
 
     def token_states(self, state: int, tok_state: np.ndarray) -> None:
         """Set `tok_state[t]` (int32 [n_tokens], -1 filled) to the state each live byte token t ends in."""
         words = np.empty(self._n_words, np.uint32)  # not the `mask` buffer, which is kept zero by its touched list
         nodes_at = self._buffers()[6][0]
         if self._fn(self._args, state, nodes_at, words.ctypes.data, None, tok_state.ctypes.data, None, 0, None,
-                    None) < 0:
+                    None, 0) < 0:
             raise MemoryError("the native trie walk ran out of memory")
 
 
+# A derived mask pays when the walk of X's tokens visits at most n_nodes / _X_NODES_SHARE trie nodes.
+_X_NODES_SHARE = 8
+_X_PER_TRIE = 16
+_X_FLAGS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _x_flags(lib: "NativeAutomata", trie, in_x: bytes, n_words: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The trie's node flags and no-X token bits for the byte set `in_x` (256 flags), once per (trie, byte set,
+    width); None when too many nodes lead to a token with a byte of X for a derived mask to pay."""
+    with _lock:
+        cache = _X_FLAGS.setdefault(trie, {})
+        key = (in_x, n_words)
+        if key in cache:
+            return cache[key]
+    n = trie.n_nodes
+    flags = np.empty(max(n, 1), np.uint8)
+    nox = np.zeros(n_words, np.uint32)
+    node_byte = np.ascontiguousarray(trie.node_byte, np.uint8)
+    term_node = np.ascontiguousarray(trie.term_node, np.int32)
+    term_tokens = np.ascontiguousarray(trie.term_tokens, np.int32)
+    x = np.frombuffer(in_x, np.uint8).copy()
+    below = lib._xflags(n, node_byte.ctypes.data, _parents(trie).ctypes.data, x.ctypes.data,
+                        int(term_tokens.shape[0]), term_node.ctypes.data, term_tokens.ctypes.data, flags.ctypes.data,
+                        nox.ctypes.data)
+    hit = (flags, nox) if below <= n // _X_NODES_SHARE else None
+    with _lock:
+        if len(cache) >= _X_PER_TRIE:
+            cache.pop(next(iter(cache)))
+        cache[key] = hit
+    return hit
+
+
 _PARENTS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+_FIRST_SUBTREES: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def _first_subtrees(trie) -> np.ndarray:
+    """int64 [n_first]: how many nodes each first-byte node's subtree holds (itself included), once per trie."""
+    with _lock:
+        hit = _FIRST_SUBTREES.get(trie)
+    if hit is None:
+        ds = trie.depth_start
+        size = np.ones(trie.n_nodes, np.int64)
+        for d in range(trie.max_depth - 1, 0, -1):  # depth d's parents are depth d-1's nodes, parent_local offsets
+            size[ds[d - 1] : ds[d]] += np.bincount(trie.parent_local[ds[d] : ds[d + 1]],
+                                                   weights=size[ds[d] : ds[d + 1]],
+                                                   minlength=ds[d] - ds[d - 1]).astype(np.int64)
+        hit = np.ascontiguousarray(size[: ds[1] if trie.max_depth else 0])
+        with _lock:
+            _FIRST_SUBTREES[trie] = hit
+    return hit
 
 
 def _parents(trie) -> np.ndarray:

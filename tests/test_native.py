@@ -276,7 +276,7 @@ def test_native_walk_gives_the_numpy_masks_destinations_and_token_costs(request,
     states = sorted(set(rng.choice(dfa.n_states, size=min(60, dfa.n_states), replace=False).tolist()) | {dfa.start})
     for s in states:
         assert np.array_equal(index.mask_for_state(s), twin.mask_for_state(s)), s
-        words, key, dests = index._walker.mask(s)
+        words, key, dests, _ = index._walker.mask(s, share=False)
         walk = twin._walk(s)
         assert np.array_equal(words.view(np.int32), twin._compute_mask(s, walk))
         assert key == native.sparse_key(words) and np.array_equal(np.sort(dests), twin._destinations(s, walk))
@@ -285,3 +285,79 @@ def test_native_walk_gives_the_numpy_masks_destinations_and_token_costs(request,
         assert np.array_equal(index._token_costs(s), twin._token_costs(s)), s
     # rows deduplicate across both key forms (sparse and full)
     assert len(index.mask_table()[0]) == len({r.tobytes() for r in index.mask_table()[0]})
+
+
+# -- shared walks: a wide state's mask derived from an earlier one's ---------------------------------------------
+
+_SHARE_SCHEMAS = {
+    # string fields followed by different properties: their content states differ only after the closing quote
+    "fields": {"type": "object", "properties": {k: {"type": "string"} for k in ("a", "b", "c", "d")},
+               "required": ["a", "b", "c", "d"], "additionalProperties": False},
+    # a length counter longer than any token: its early states have one and the same mask
+    "long_string": {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 2},
+    # counted formats and patterns: derived masks through the `@` and other bytes
+    "emails": {"type": "object", "properties": {"to": {"type": "array", "items": {"type": "string", "format": "email",
+                                                                                  "maxLength": 200}},
+                                                "note": {"type": "string", "pattern": "^[a-z ]{0,150}$"}},
+               "required": ["to", "note"], "additionalProperties": False},
+}
+
+
+def _shared_masks_match(index: TokenIndex, order: list[int]) -> None:
+    for s in order:
+        walker_mask = index.mask_for_state(s)
+        full, _, _, _ = index._walker.mask(s, share=False)
+        assert np.array_equal(walker_mask, full.view(np.int32)), s
+
+
+@pytest.mark.parametrize("vocab_name", ["qwen3_vocab", "gemma4_vocab", "phi3_vocab"])
+@pytest.mark.parametrize("name", sorted(_SHARE_SCHEMAS))
+def test_shared_walks_give_every_state_the_full_walks_mask(request, vocab_name, name):
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(_SHARE_SCHEMAS[name], whitespace="compact").dfa
+    forward = TokenIndex(dfa, vocab)
+    _shared_masks_match(forward, list(range(dfa.n_states)))
+    assert forward._walker.shared > 0  # the point: most wide states are derived, not walked
+    shuffled = TokenIndex(dfa, vocab)
+    _shared_masks_match(shuffled, np.random.default_rng(1).permutation(dfa.n_states).tolist())
+
+
+def _string_states(index: TokenIndex) -> list[int]:
+    """States inside a string with (almost) any content byte live, in breadth-first order."""
+    dfa = index.dfa
+    rows = np.asarray(dfa.transitions)
+    cls = np.asarray(dfa.class_of)[: 256]
+    content = [ord(c) for c in "abcXYZ019 _-"]
+    return [s for s in range(dfa.n_states) if all(rows[s, cls[b]] >= 0 for b in content)]
+
+
+def test_pair_check_finds_the_closing_quote_between_two_string_fields(qwen3_vocab):
+    index = TokenIndex(compile_schema(_SHARE_SCHEMAS["fields"], whitespace="compact").dfa, qwen3_vocab)
+    w = index._walker
+    a, b = _string_states(index)[:2]
+    xcls = np.zeros(w._k, np.uint8)
+    n = w._lib._pair_check(w._args, w._keep[5].ctypes.data, a, b, index._trie.max_depth, xcls.ctypes.data, 4096, 3)
+    assert n == 1
+    assert bytes(np.flatnonzero(xcls[w._byte_class]).astype(np.uint8)) == b'"'
+
+
+def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_vocab):
+    dfa = compile_schema({"type": "string", "maxLength": 400}, whitespace="compact").dfa
+    index = TokenIndex(dfa, qwen3_vocab)
+    w = index._walker
+    longest = index._trie.max_depth  # 128 bytes on Qwen3
+    chain = [dfa.step(dfa.start, b'"' + b"a" * i) for i in range(400)]  # the content state with 400 - i left
+
+    def check(i: int, j: int, rounds: int) -> int:
+        xcls = np.zeros(w._k, np.uint8)
+        return w._lib._pair_check(w._args, w._keep[5].ctypes.data, chain[i], chain[j], longest, xcls.ctypes.data,
+                                  4096, rounds)
+
+    # 400 and 300 code points left: no string of at most 128 bytes tells them apart
+    assert check(0, 100, 0) == 0
+    # 300 and 390 left... 10 left: the string of 11 a's does
+    assert check(100, 390, 0) == -1
+    assert check(100, 390, 3) == -1  # nor does flagging classes help: the content bytes themselves differ
+    index2 = TokenIndex(dfa, qwen3_vocab)
+    _shared_masks_match(index2, chain[:: 7] + chain[300:])
+    assert index2._walker.shared > 0
