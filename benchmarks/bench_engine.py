@@ -45,6 +45,7 @@ except ImportError:  # run from a checkout without installing
 from workloads import Json, Literal, Workload, workloads  # noqa: E402
 
 from constrain import automaton as fa  # noqa: E402
+from constrain import index as cindex  # noqa: E402
 from constrain import trie as ctrie  # noqa: E402
 from constrain.index import TokenIndex  # noqa: E402
 from constrain.schema import compile_schema  # noqa: E402
@@ -92,7 +93,8 @@ class Constrain:
     def prepare(self, vocab: Vocabulary) -> None:
         self.vocab = vocab
         ctrie._TRIE_CACHE.clear()
-        self.trie = ctrie._trie_for(vocab)  # the per-vocabulary preprocessing TokenIndex would do on first use
+        cindex.prepare(vocab)  # the per-vocabulary preprocessing TokenIndex would do on first use: trie, reference masks
+        self.trie = ctrie._trie_for(vocab)
 
     def dfa(self, w: Workload) -> fa.Dfa:
         parts = [fa.literal(p.text.encode()) if isinstance(p, Literal)

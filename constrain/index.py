@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import check_deadlines
+from constrain.automaton import BudgetExceeded, check_deadlines
 from constrain.errors import InternalError, MaskViolation
 from constrain.trie import _Trie, _trie_for
 
-__all__ = ["NO_COMPLETION", "TokenIndex", "TokenState"]
+__all__ = ["NO_COMPLETION", "TokenIndex", "TokenState", "prepare"]
 
 # Walk a trie depth densely once live nodes exceed 1/_DENSE_RATIO of it (bench_index.py: the crossover is ~1/4).
 _DENSE_RATIO = 4
@@ -39,6 +39,45 @@ _NATIVE_AHEAD = 2
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference masks: once per vocabulary, the wide states every JSON string has
+
+_REFERENCES: "weakref.WeakKeyDictionary[_Trie, dict[int, tuple]]" = weakref.WeakKeyDictionary()
+_REFERENCES_LOCK = threading.Lock()
+
+
+def _references(vocab: Any, trie: _Trie, n_words: int) -> tuple:
+    """The content state and the escape state of a JSON string (`{"type": "string"}`), with their masks over `trie`:
+    a wide state of any DFA on this vocabulary may derive its mask from one of them instead of walking most of the
+    trie (see `native.TrieWalker`). Built once per (trie, mask width): one compile and two walks."""
+    with _REFERENCES_LOCK:
+        hit = _REFERENCES.get(trie, {}).get(n_words)
+    if hit is not None:
+        return hit
+    from constrain.schema import compile_schema  # the schema compiler builds on the index's modules, not on it
+
+    try:
+        dfa = compile_schema({"type": "string"}, whitespace="compact").dfa
+    except BudgetExceeded:  # a request's deadline ran out around it: no references this time (the index is exact)
+        return ()
+    index = TokenIndex(dfa, vocab, references=False)  # (these are being built)
+    refs: tuple = ()
+    if index._walker is not None:
+        states = [dfa.step(dfa.start, b'"'), dfa.step(dfa.start, b'"\\')]
+        masks = [(s, index._walker.mask(s, share=False)[0].copy()) for s in states]
+        refs = (_native.Reference(index._tflat, index._n_classes, np.asarray(dfa.class_of)[:256], masks),)
+    with _REFERENCES_LOCK:
+        _REFERENCES.setdefault(trie, {})[n_words] = refs
+    return refs
+
+
+def prepare(vocab: Any) -> None:
+    """The per-vocabulary preprocessing the first index on `vocab` would otherwise do: the token trie and the
+    reference masks."""
+    trie = _trie_for(vocab)
+    _references(vocab, trie, (int(vocab.vocab_size) + 31) // 32)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -96,22 +135,29 @@ class TokenIndex:
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
     use (idempotently; a state's first use also fills two of its structural successors with the C walk, or up to 32
     states two tokens ahead with the numpy walks) and deduplicated, so equal masks share one row of `mask_table()`.
+    With the C walk, a wide state (string content: most of the trie live, a 0.3-1 ms walk) takes its mask from an
+    earlier wide state of the same index when the two keep the same byte strings live up to the longest token, but
+    for strings through a few bytes (the closing quote, typically): those tokens alone are walked (see
+    `native.TrieWalker`; exact, checked against the full walk in tests/test_native.py).
 
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
         vocab: a `constrain.vocabulary.Vocabulary`.
         eager: compute every state's row and the `min_tokens` table now (structural states walked in batches, the
             others one at a time) instead of on first use.
+        references: with the C walk, let wide states derive their masks from the vocabulary's reference masks (a
+            JSON string's content and escape states, built once per vocabulary: `prepare`).
 
     Raises:
         InternalError: the DFA's shape is inconsistent, or `dfa.specials` names an id that is not a special token of
             `vocab` (special tokens can only be produced through their symbol, never through bytes).
     """
 
-    def __init__(self, dfa: Any, vocab: Any, *, eager: bool = False):
+    def __init__(self, dfa: Any, vocab: Any, *, eager: bool = False, references: bool = True):
         self._dfa = dfa
         self._vocab = vocab
         self._eager = bool(eager)
+        self._use_references = bool(references)
         # set once by whoever compiled the DFA (e.g. `compile_index`: policy, tool format), before sharing
         self.meta: dict[str, Any] | None = None
         self._setup(_trie_for(vocab))
@@ -188,6 +234,8 @@ class TokenIndex:
         self._walker = None if lib is None else lib.walker(
             self._tflat, n_classes, class_of[:256], self._node_cls, trie, self._n_words, self._accepting, self._eos,
             self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
+        if self._walker is not None and self._use_references:
+            self._walker.use_references(_references(vocab, trie, self._n_words))
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -207,6 +255,7 @@ class TokenIndex:
         self._dfa = state["dfa"]
         self._vocab = state["vocab"]
         self._eager = state["eager"]
+        self._use_references = True
         self.meta = state.get("meta")
         self._setup(_trie_for(self._vocab))
         self._lock = threading.Lock()

@@ -23,7 +23,7 @@ import numpy as np
 
 from kernels import cbuild
 
-__all__ = ["NativeAutomata", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
+__all__ = ["NativeAutomata", "Reference", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
 
 DET_OK, DET_STATES, DET_TIME, DET_CANCELLED, DET_NOMEM = 0, 1, 2, 3, 4
 
@@ -704,54 +704,55 @@ int64_t constrain_xflags(int32_t n_nodes, const uint8_t *node_byte, const int32_
     return below;
 }
 
-/* Whether DFA states p and q keep the same byte strings of up to `depth` bytes live when the strings avoid the
-   classes flagged in `xcls` (k flags; classes without a byte, flagged 0 in `has_byte`, are never read): breadth
-   first over pairs of states, a pair of equal states agreeing on everything. On a disagreement it flags the class
-   that led to the disagreeing pair (e.g. the closing quote of two string fields followed by different properties)
-   and starts again, at most `max_rounds` times. p and q must agree on the first byte. Returns how many classes
-   `xcls` flags when p and q agree, -1 when they do not within those rounds or more than `max_pairs` pairs are
-   reached, -3 when out of memory. */
-int32_t constrain_pair_check(const int64_t *a, const uint8_t *has_byte, int32_t p, int32_t q, int32_t depth,
-                             uint8_t *xcls, int32_t max_pairs, int32_t max_rounds) {
-    const int32_t *tflat = (const int32_t *)(intptr_t)a[0];
-    int32_t k = (int32_t)a[1];
+/* Whether state p of DFA A (transitions `ta`, `ka` classes per state) and state q of DFA B keep the same byte strings
+   of up to `depth` bytes live when the strings avoid the joint classes flagged in `xj`: joint class j is the bytes
+   of class ja[j] in A and jb[j] in B (A and B may be one DFA: then ja = jb, its byte classes). Breadth first over
+   pairs of states; a pair of one state twice (ta == tb) agrees on everything. On a disagreement it flags the joint
+   class that led to the disagreeing pair (e.g. the closing quote of two string fields followed by different
+   properties), or on the first byte the class itself, and starts again, at most `max_rounds` times. Returns how
+   many joint classes `xj` flags when p and q agree, -1 when they do not within those rounds or more than
+   `max_pairs` pairs are reached, -3 when out of memory. */
+int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, int32_t kb, int32_t n_joint,
+                             const int32_t *ja, const int32_t *jb, int32_t p, int32_t q, int32_t depth, uint8_t *xj,
+                             int32_t max_pairs, int32_t max_rounds) {
     int64_t cap = 16;
     while (cap < 2 * (int64_t)max_pairs) cap *= 2;
     int64_t *keys = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
     int32_t *pa = (int32_t *)malloc((size_t)max_pairs * 4 * sizeof(int32_t));
     if (!keys || !pa) { free(keys); free(pa); return -3; }
     int32_t *pb = pa + max_pairs, *pd = pb + max_pairs, *pf = pd + max_pairs;
+    int same = ta == tb;
     int32_t result = -1;
     for (int32_t round = 0; round <= max_rounds; round++) {
         for (int64_t i = 0; i < cap; i++) keys[i] = -1;
         int32_t n = 1, fail = -1;
         pa[0] = p; pb[0] = q; pd[0] = 0; pf[0] = -1;
         for (int32_t head = 0; head < n && fail < 0; head++) {
-            const int32_t *ra = tflat + (int64_t)pa[head] * k, *rb = tflat + (int64_t)pb[head] * k;
+            const int32_t *ra = ta + (int64_t)pa[head] * ka, *rb = tb + (int64_t)pb[head] * kb;
             int32_t d = pd[head], f = pf[head];
-            for (int32_t c = 0; c < k; c++) {
-                if (!has_byte[c] || xcls[c]) continue;
-                int32_t ta = ra[c], tb = rb[c];
-                if ((ta < 0) != (tb < 0)) { fail = f < 0 ? -2 : f; break; }  /* -2: on the first byte */
-                if (ta < 0 || ta == tb || d + 1 >= depth) continue;
-                int64_t key = ((int64_t)ta << 32) | (uint32_t)tb;
+            for (int32_t j = 0; j < n_joint; j++) {
+                if (xj[j]) continue;
+                int32_t sa = ra[ja[j]], sb = rb[jb[j]];
+                if ((sa < 0) != (sb < 0)) { fail = f < 0 ? j : f; break; }
+                if (sa < 0 || (same && sa == sb) || d + 1 >= depth) continue;
+                int64_t key = ((int64_t)sa << 32) | (uint32_t)sb;
                 uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
                 int64_t slot = (int64_t)(h >> 20) & (cap - 1);
                 while (keys[slot] >= 0 && keys[slot] != key) slot = (slot + 1) & (cap - 1);
                 if (keys[slot] == key) continue;
                 if (n == max_pairs) { fail = -2; break; }  /* -2: too many pairs */
                 keys[slot] = key;
-                pa[n] = ta; pb[n] = tb; pd[n] = d + 1; pf[n] = c;
+                pa[n] = sa; pb[n] = sb; pd[n] = d + 1; pf[n] = j;
                 n++;
             }
         }
         if (fail == -2) break;
         if (fail < 0) {
             result = 0;
-            for (int32_t c = 0; c < k; c++) result += xcls[c] != 0;
+            for (int32_t j = 0; j < n_joint; j++) result += xj[j] != 0;
             break;
         }
-        xcls[fail] = 1;
+        xj[fail] = 1;
     }
     free(keys); free(pa);
     return result;
@@ -1000,8 +1001,8 @@ class NativeAutomata:
         self._xflags.argtypes = [ctypes.c_int32, p, p, p, ctypes.c_int32, p, p, p, p]
         self._xflags.restype = ctypes.c_int64
         self._pair_check = lib.constrain_pair_check
-        self._pair_check.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32,
-                                     ctypes.c_int32]
+        self._pair_check.argtypes = [p, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32,
+                                     ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32]
         self._pair_check.restype = ctypes.c_int32
         self._first_live = lib.constrain_first_live
         self._first_live.argtypes = [p, ctypes.c_int32]
@@ -1159,12 +1160,14 @@ SPARSE_MAX = 64
 class TrieWalker:
     """One index's trie walk in C: the arrays it reads are held here (contiguous) and passed by address.
 
-    Shared walks. A wide state (at least half the first-byte nodes live: string content, free text) costs a walk of
-    most of the trie (0.3-1 ms). Its mask is instead derived from an earlier wide state p with the same live first
-    bytes when the two keep the same byte strings live, up to the longest token, except strings through a small
-    byte set X (`constrain_pair_check`; X is found from the disagreements, e.g. the closing quote of two string
-    fields followed by different properties): the tokens without a byte of X take p's bits, the others are walked
-    from the state (`constrain_walk_delta`), which visits only the trie nodes leading to them. Exact by
+    Shared walks. A wide state (string content, free text: most of the trie live) costs a walk of most of the trie
+    (0.3-1 ms on 128k-262k vocabularies). Its mask is instead derived from an earlier wide state p of this DFA, or
+    from a reference state of another DFA over the same trie (`use_references`: a JSON string's content), when the
+    two keep the same byte strings live, up to the longest token, except strings through a small byte set X
+    (`constrain_pair_check`; X is grown from the disagreements found, e.g. the closing quote of two string fields
+    followed by different properties, or a byte only one of them takes): the tokens without a byte of X take p's
+    bits, the others are walked from the state (`constrain_walk_delta`), visiting only the trie nodes that lead to
+    them. With X empty, the same acceptance and the same live special tokens the state simply has p's row. Exact by
     construction; `tests/test_native.py` compares every state's mask with the full walk's.
     """
 
@@ -1175,12 +1178,11 @@ class TrieWalker:
     # Qwen3's 333k nodes).
     _WIDE_NODES = 8
     _SHARE_NODES = 64
-    # Earlier dense states kept per pattern of live first classes (their masks copied), and patterns at most.
-    _REPS_PER_PATTERN = 4
-    _PATTERNS_MAX = 16
+    # The most recent walked or derived wide states kept, their masks copied; tried newest first.
+    _REPS_MAX = 16
     # The pair search's bounds: state pairs reached, and classes added to X (one per round).
     _MAX_PAIRS = 4096
-    _MAX_ROUNDS = 3
+    _MAX_ROUNDS = 4
 
     def __init__(self, lib: "NativeAutomata", tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
                  node_cls: np.ndarray, trie, n_words: int, accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int],
@@ -1194,10 +1196,9 @@ class TrieWalker:
         eos_arr = np.asarray(list(eos) or [0], np.int32)
         spec = np.asarray(list(specials) or [0], np.int32)
         spec_cls = np.asarray(list(special_classes) or [0], np.int32)
-        has_byte = np.zeros(n_classes, np.uint8)
-        has_byte[byte_class] = 1
+        own = np.unique(byte_class).astype(np.int32)  # the byte classes: one DFA's joint classes with itself
         first_below = _first_subtrees(trie)
-        self._keep = (keep, acc, eos_arr, spec, spec_cls, has_byte, first_below)  # alive as long as the walker: C reads them
+        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below)  # alive as long as the walker: C reads them
         self._lib = lib
         self._fn = lib._walk
         self._trie = trie
@@ -1217,7 +1218,10 @@ class TrieWalker:
             acc.ctypes.data, len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data,
             self._share_after, first_below.ctypes.data, max(trie.n_nodes // self._WIDE_NODES, 1))
         self._local = threading.local()  # per thread: scratch buffers and their addresses
-        self._reps: dict[bytes, list[tuple[int, np.ndarray]]] = {}
+        self._reps: list[tuple[int, np.ndarray]] = []
+        self._n_specials = len(specials)
+        self._own_joint = (own, own, np.searchsorted(own, byte_class))
+        self._refs: list[tuple[Reference, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
         self._reps_lock = threading.Lock()
         self.shared = 0  # masks derived from an earlier state's (for tests and benchmarks)
 
@@ -1264,43 +1268,65 @@ class TrieWalker:
 
     def _remember(self, state: int, words: np.ndarray) -> None:
         with self._reps_lock:
-            reps = self._reps.get(pattern := self._pattern(state))
-            if reps is None:
-                if len(self._reps) >= self._PATTERNS_MAX:
-                    return
-                reps = self._reps[pattern] = []
-            if len(reps) == self._REPS_PER_PATTERN:
-                del reps[0]  # the oldest: the newest is likelier to be near the states still to come
-            reps.append((state, words.copy()))
+            if len(self._reps) == self._REPS_MAX:
+                del self._reps[0]  # the oldest: the newest are likelier to be near the states still to come
+            self._reps.append((state, words.copy()))
 
     def _shared(self, state: int) -> int | None:
-        """A remembered state whose mask `state` has exactly (same live byte strings and acceptance; live special
-        tokens are part of the pattern), or -1 having filled this thread's buffers with `state`'s mask derived from
-        a remembered state's; None when none fits."""
-        reps = self._reps.get(self._pattern(state))
-        if not reps:
-            return None
-        _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
-        lib, has_byte_at = self._lib, self._keep[5].ctypes.data
-        for p, base in reversed(reps):
-            xcls = np.zeros(self._k, np.uint8)
-            n_x = lib._pair_check(self._args, has_byte_at, p, state, self._trie.max_depth, xcls.ctypes.data,
-                                  self._MAX_PAIRS, self._MAX_ROUNDS)
-            if n_x == -3:
-                raise MemoryError("the native pair search ran out of memory")
-            if n_x < 0:
+        """A remembered state whose mask `state` has exactly, or -1 having filled this thread's buffers with
+        `state`'s mask derived from a remembered state's or a reference state's (`use_references`); None when none
+        fits."""
+        for p, base in reversed(tuple(self._reps)):  # a snapshot: another thread may be replacing one
+            in_x = self._pair(self._tflat, self._k, self._own_joint, p, state)
+            if in_x is None:
                 continue
-            if n_x == 0 and self._accepting[p] == self._accepting[state]:
+            if not in_x.any() and self._accepting[p] == self._accepting[state] and (
+                    not self._n_specials or self._pattern(p) == self._pattern(state)):
                 return p
-            x = _x_flags(lib, self._trie, xcls[self._byte_class].tobytes(), self._n_words)
-            if x is None:
-                continue
-            flags, nox = x
-            if lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, nox.ctypes.data, words_at,
-                               seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
-                raise MemoryError("the native trie walk ran out of memory")
-            return -1
+            if self._derive(state, base, in_x):
+                self._remember(state, self._buffers()[1])  # the states after it likely equal it: no walk at all
+                return -1
+        for ref, joint in self._refs:
+            for p, base in ref.states:
+                in_x = self._pair(ref.tflat, ref.n_classes, joint, p, state)
+                if in_x is not None and self._derive(state, base, in_x):
+                    self._remember(state, self._buffers()[1])  # this index's own states now derive from it
+                    return -1
         return None
+
+    def _pair(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int) -> np.ndarray | None:
+        """The byte set X (256 flags) that state p of `tflat` and `state` of this walker's DFA agree outside of
+        (`constrain_pair_check`; `joint`: ja, jb, each byte's joint class), or None."""
+        ja, jb, of_byte = joint
+        xj = np.zeros(ja.shape[0], np.uint8)
+        n_x = self._lib._pair_check(tflat.ctypes.data, k, self._tflat.ctypes.data, self._k, ja.shape[0],
+                                    ja.ctypes.data, jb.ctypes.data, p, state, self._trie.max_depth, xj.ctypes.data,
+                                    self._MAX_PAIRS, self._MAX_ROUNDS)
+        if n_x == -3:
+            raise MemoryError("the native pair search ran out of memory")
+        return None if n_x < 0 else xj[of_byte]
+
+    def _derive(self, state: int, base: np.ndarray, in_x: np.ndarray) -> bool:
+        """Fill this thread's buffers with `state`'s mask from `base` outside the byte set `in_x` and a walk of the
+        tokens through it; False when too much of the trie leads to such tokens for that to pay."""
+        x = _x_flags(self._lib, self._trie, in_x.tobytes(), self._n_words)
+        if x is None:
+            return False
+        flags, nox = x
+        _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
+        if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, nox.ctypes.data, words_at,
+                                 seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
+            raise MemoryError("the native trie walk ran out of memory")
+        return True
+
+    def use_references(self, refs: Sequence["Reference"]) -> None:
+        """Let wide states also derive their masks from these states of other DFAs over the same trie."""
+        out = []
+        for ref in refs:
+            pairs = ref.byte_class.astype(np.int64) * self._k + self._byte_class
+            uniq, of_byte = np.unique(pairs, return_inverse=True)
+            out.append((ref, ((uniq // self._k).astype(np.int32), (uniq % self._k).astype(np.int32), of_byte)))
+        self._refs = out
 
     def first_live(self, state: int) -> int:
         """How many first bytes of a token keep the DFA live from `state`."""
@@ -1313,6 +1339,18 @@ class TrieWalker:
         if self._fn(self._args, state, nodes_at, words.ctypes.data, None, tok_state.ctypes.data, None, 0, None,
                     None, 0) < 0:
             raise MemoryError("the native trie walk ran out of memory")
+
+
+class Reference:
+    """Wide states of a DFA (transitions `tflat`, row-major with a dead row last; `byte_class`: 256) and their
+    masks over one trie, which the walkers of other DFAs over that trie may derive masks from."""
+
+    def __init__(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
+                 states: Sequence[tuple[int, np.ndarray]]):
+        self.tflat = np.ascontiguousarray(tflat, np.int32)
+        self.n_classes = n_classes
+        self.byte_class = np.asarray(byte_class[:256], np.int64)
+        self.states = tuple((int(s), np.ascontiguousarray(words, np.uint32)) for s, words in states)
 
 
 # A derived mask pays when the walk of X's tokens visits at most n_nodes / _X_NODES_SHARE trie nodes.

@@ -335,29 +335,61 @@ def test_pair_check_finds_the_closing_quote_between_two_string_fields(qwen3_voca
     index = TokenIndex(compile_schema(_SHARE_SCHEMAS["fields"], whitespace="compact").dfa, qwen3_vocab)
     w = index._walker
     a, b = _string_states(index)[:2]
-    xcls = np.zeros(w._k, np.uint8)
-    n = w._lib._pair_check(w._args, w._keep[5].ctypes.data, a, b, index._trie.max_depth, xcls.ctypes.data, 4096, 3)
-    assert n == 1
-    assert bytes(np.flatnonzero(xcls[w._byte_class]).astype(np.uint8)) == b'"'
+    in_x = w._pair(w._tflat, w._k, w._own_joint, a, b)
+    assert bytes(np.flatnonzero(in_x).astype(np.uint8)) == b'"'
 
 
-def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_vocab):
+def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_vocab, monkeypatch):
     dfa = compile_schema({"type": "string", "maxLength": 400}, whitespace="compact").dfa
     index = TokenIndex(dfa, qwen3_vocab)
     w = index._walker
-    longest = index._trie.max_depth  # 128 bytes on Qwen3
+    assert index._trie.max_depth == 128  # the longest Qwen3 token, in bytes
     chain = [dfa.step(dfa.start, b'"' + b"a" * i) for i in range(400)]  # the content state with 400 - i left
 
-    def check(i: int, j: int, rounds: int) -> int:
-        xcls = np.zeros(w._k, np.uint8)
-        return w._lib._pair_check(w._args, w._keep[5].ctypes.data, chain[i], chain[j], longest, xcls.ctypes.data,
-                                  4096, rounds)
+    def pair(i: int, j: int):
+        return w._pair(w._tflat, w._k, w._own_joint, chain[i], chain[j])
 
     # 400 and 300 code points left: no string of at most 128 bytes tells them apart
-    assert check(0, 100, 0) == 0
-    # 300 and 390 left... 10 left: the string of 11 a's does
-    assert check(100, 390, 0) == -1
-    assert check(100, 390, 3) == -1  # nor does flagging classes help: the content bytes themselves differ
+    assert not pair(0, 100).any()
+    # 300 and 10 left: the string of 11 a's does, and no byte set short of the content bytes hides it
+    assert pair(100, 390) is None
+    monkeypatch.setattr(w, "_MAX_ROUNDS", 0)
+    assert pair(100, 390) is None
     index2 = TokenIndex(dfa, qwen3_vocab)
-    _shared_masks_match(index2, chain[:: 7] + chain[300:])
+    _shared_masks_match(index2, chain[::7] + chain[300:])
     assert index2._walker.shared > 0
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_a_first_string_state_derives_from_the_vocabularys_reference(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 500}}, "required": ["q"],
+              "additionalProperties": False}
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    index = TokenIndex(dfa, vocab)
+    content = _string_states(index)[0]
+    assert np.array_equal(index.mask_for_state(content), index._walker.mask(content, share=False)[0].view(np.int32))
+    assert index._walker.shared == 1  # derived from the reference: its own first string state, not walked
+    alone = TokenIndex(dfa, vocab, references=False)
+    assert np.array_equal(alone.mask_for_state(content), index.mask_for_state(content))
+    assert alone._walker.shared == 0
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_shared_walks_on_jsonschemabench_give_the_full_walks_masks(request, vocab_name):
+    """One schema per JSONSchemaBench group (up to 1,500 states): every state, in a random order, against the full
+    walk (derived masks, rows aliased to earlier states and reference-derived ones included)."""
+    vocab = request.getfixturevalue(vocab_name)
+    n_schemas = n_shared = 0
+    for case in sample(jsonschemabench(), 1, seed=5):
+        try:
+            dfa = compile_schema(case.schema, **{**OPTIONS, "timeout_s": 5.0}).dfa
+        except ConstrainError:
+            continue
+        if dfa.n_states > 1500:
+            continue
+        index = TokenIndex(dfa, vocab)
+        _shared_masks_match(index, np.random.default_rng(0).permutation(dfa.n_states).tolist())
+        n_schemas += 1
+        n_shared += index._walker.shared
+    assert n_schemas >= 12 and n_shared > 0
