@@ -63,17 +63,18 @@ def _references(vocab: Any, trie: _Trie, n_words: int) -> tuple:
         hit = _REFERENCES.get(trie, {}).get(n_words)
     if hit is not None:
         return hit
-    from constrain.schema import compile_schema  # the schema compiler builds on the index's modules, not on it
+    from constrain import automaton as fa
+    from constrain.syntax import ANY_TEXT, JsonSyntax  # (the syntax builds on the automaton module, not on this one)
 
     try:
-        dfa = compile_schema({"type": "string"}, whitespace="compact").dfa
+        dfa = fa.compile(JsonSyntax("compact").string(ANY_TEXT))  # what `{"type": "string"}` compiles to
     except BudgetExceeded:  # a request's deadline ran out around it: no references this time (the index is exact)
         return ()
     index = TokenIndex(dfa, vocab, references=False)  # (these are being built)
     refs: tuple = ()
     if index._walker is not None:
         states = [dfa.step(dfa.start, b'"'), dfa.step(dfa.start, b'"\\')]
-        masks = [(s, index._walker.mask(s, share=False)[0].copy()) for s in states]
+        masks = [(s, index.mask_for_state(s).view(np.uint32).copy()) for s in states]
         refs = (_native.Reference(index._tflat, index._n_classes, np.asarray(dfa.class_of)[:256], masks),)
     with _REFERENCES_LOCK:
         _REFERENCES.setdefault(trie, {})[n_words] = refs

@@ -1196,7 +1196,8 @@ class TrieWalker:
         eos_arr = np.asarray(list(eos) or [0], np.int32)
         spec = np.asarray(list(specials) or [0], np.int32)
         spec_cls = np.asarray(list(special_classes) or [0], np.int32)
-        own = np.unique(byte_class).astype(np.int32)  # the byte classes: one DFA's joint classes with itself
+        # the byte classes: one DFA's joint classes with itself (not np.unique: its first call imports numpy.ma, 80 ms)
+        own = np.flatnonzero(np.bincount(byte_class, minlength=n_classes)).astype(np.int32)
         first_below = _first_subtrees(trie)
         self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below)  # alive as long as the walker: C reads them
         self._lib = lib
@@ -1324,7 +1325,8 @@ class TrieWalker:
         out = []
         for ref in refs:
             pairs = ref.byte_class.astype(np.int64) * self._k + self._byte_class
-            uniq, of_byte = np.unique(pairs, return_inverse=True)
+            uniq = np.flatnonzero(np.bincount(pairs, minlength=ref.n_classes * self._k))
+            of_byte = np.searchsorted(uniq, pairs)
             out.append((ref, ((uniq // self._k).astype(np.int32), (uniq % self._k).astype(np.int32), of_byte)))
         self._refs = out
 
