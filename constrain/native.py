@@ -971,6 +971,129 @@ done:
     *status = rc;
     return out;
 }
+
+/* ---- the code-point-counting product of `constrain.schema._Compiler.length_bounded` ---- */
+
+typedef struct { int64_t *keys; int32_t *vals; int64_t n_slot, n; } idmap;  /* int64 key >= 0 -> int32 id */
+
+static int idmap_init(idmap *m) {
+    m->n_slot = 1024;
+    m->n = 0;
+    m->keys = (int64_t *)malloc((size_t)m->n_slot * sizeof(int64_t));
+    m->vals = (int32_t *)malloc((size_t)m->n_slot * sizeof(int32_t));
+    if (!m->keys || !m->vals) return 0;
+    for (int64_t i = 0; i < m->n_slot; i++) m->keys[i] = -1;
+    return 1;
+}
+
+static int64_t idmap_slot(const int64_t *keys, int64_t n_slot, int64_t key) {
+    int64_t at = (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (n_slot - 1);
+    while (keys[at] >= 0 && keys[at] != key) at = (at + 1) & (n_slot - 1);
+    return at;
+}
+
+/* The id of `key`; else adds it with id `fresh` and returns -1 (-2 when out of memory). */
+static int32_t idmap_get_or_add(idmap *m, int64_t key, int32_t fresh) {
+    int64_t at = idmap_slot(m->keys, m->n_slot, key);
+    if (m->keys[at] == key) return m->vals[at];
+    m->keys[at] = key;
+    m->vals[at] = fresh;
+    if (++m->n * 2 > m->n_slot) {
+        int64_t n_slot = m->n_slot * 2;
+        int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
+        int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
+        if (!keys || !vals) { free(keys); free(vals); return -2; }
+        for (int64_t i = 0; i < n_slot; i++) keys[i] = -1;
+        for (int64_t i = 0; i < m->n_slot; i++) {
+            if (m->keys[i] < 0) continue;
+            int64_t to = idmap_slot(keys, n_slot, m->keys[i]);
+            keys[to] = m->keys[i];
+            vals[to] = m->vals[i];
+        }
+        free(m->keys); free(m->vals);
+        m->keys = keys; m->vals = vals; m->n_slot = n_slot;
+    }
+    return -1;
+}
+
+enum { LP_SATURATED = -1, LP_NONE = -2 };
+
+/* A product state's count as `length_bounded`'s `normal` keeps it: saturated once every continuation of q fits. */
+static inline int64_t lp_normal(int32_t q, int64_t c, const int64_t *fewest, const int64_t *most, int64_t lo,
+                                int64_t top, int32_t has_hi) {
+    if (c == LP_SATURATED) return LP_SATURATED;
+    if (top - c < fewest[q]) return LP_NONE;
+    if (c >= lo && (!has_hi || top - c >= most[q])) return LP_SATURATED;
+    if (c < lo && most[q] < lo - c) return LP_NONE;
+    return c;
+}
+
+/* States (q, c) of DFA `succ` (n x k targets, -1 none; `weight[j]` 1 when class j's bytes start a code point) and
+   a code point count c (or saturated), breadth first from (start, normal(start, 0)), classes in order; accepting
+   when q accepts and c is saturated or within lo..hi. `fewest`/`most`: code points from q to acceptance (most
+   2^60 when unbounded). The state budget, the deadline and the cancel flags as in `constrain_determinise`. */
+void *constrain_length_product(int32_t n, int32_t k, const int32_t *succ, const int32_t *weight,
+                               const int64_t *fewest, const int64_t *most, const uint8_t *acc, int32_t start,
+                               int64_t lo, int64_t hi, int32_t has_hi, int64_t max_states, double deadline,
+                               const int64_t *cancel, int32_t n_cancel, int32_t *status) {
+    det_result *out = (det_result *)calloc(1, sizeof(det_result));
+    if (!out) { *status = DET_NOMEM; return NULL; }
+    out->n_classes = k;
+    det_ctx c;
+    memset(&c, 0, sizeof c);
+    c.deadline = deadline; c.cancel = cancel; c.n_cancel = n_cancel;
+    idmap m = {0};
+    int32_t *at_q = NULL;
+    int64_t *at_c = NULL, cap = 0, count = 0;
+    int rc = DET_NOMEM;
+    const int64_t top = has_hi ? hi : (int64_t)1 << 60;
+    const int64_t width = (has_hi ? hi : lo) + 2;  /* counts -1 (saturated) .. max(lo, hi) */
+    if (!idmap_init(&m)) goto done;
+    int64_t c0 = lp_normal(start, 0, fewest, most, lo, top, has_hi);
+    for (int64_t s = -1; s < count; s++) {
+        if (s >= 0 && (rc = det_tick(&c, 1))) goto done;
+        int32_t q = s < 0 ? -1 : at_q[s];
+        int64_t cq = s < 0 ? 0 : at_c[s];
+        for (int32_t j = 0; j < (s < 0 ? 1 : k); j++) {
+            int32_t t = s < 0 ? start : succ[(int64_t)q * k + j];
+            int64_t ct = s < 0 ? c0 : t < 0 ? LP_NONE : lp_normal(t, cq == LP_SATURATED ? cq : cq + weight[j], fewest,
+                                                                  most, lo, top, has_hi);
+            int32_t id = -1;
+            if (ct != LP_NONE) {
+                id = idmap_get_or_add(&m, (int64_t)t * width + ct + 1, (int32_t)count);
+                if (id == -2) goto done;
+                if (id == -1) {
+                    if (count >= max_states) { rc = DET_STATES; goto done; }
+                    if (count == cap) {
+                        int64_t cap2 = cap ? cap * 2 : 256;
+                        int32_t *tr = (int32_t *)realloc(out->trans, (size_t)cap2 * (size_t)k * sizeof(int32_t) + 4);
+                        uint8_t *ac = tr ? (uint8_t *)realloc(out->acc, (size_t)cap2 + 1) : NULL;
+                        int32_t *q2 = ac ? (int32_t *)realloc(at_q, (size_t)cap2 * sizeof(int32_t)) : NULL;
+                        int64_t *c2 = q2 ? (int64_t *)realloc(at_c, (size_t)cap2 * sizeof(int64_t)) : NULL;
+                        if (tr) out->trans = tr;
+                        if (ac) out->acc = ac;
+                        if (q2) at_q = q2;
+                        if (!c2) goto done;
+                        at_c = c2;
+                        cap = cap2;
+                    }
+                    at_q[count] = t;
+                    at_c[count] = ct;
+                    out->acc[count] = acc[t] && (ct == LP_SATURATED || (lo <= ct && ct <= top));
+                    id = (int32_t)count++;
+                }
+            }
+            if (s >= 0) out->trans[s * k + j] = id;
+        }
+    }
+    out->n_states = count;
+    out->cap = cap;
+    rc = DET_OK;
+done:
+    free(m.keys); free(m.vals); free(at_q); free(at_c);
+    *status = rc;
+    return out;
+}
 """
 
 
@@ -1017,6 +1140,11 @@ class NativeAutomata:
         self._finish = lib.constrain_finish
         self._finish.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32]
         self._finish.restype = ctypes.c_void_p
+        self._length_product = lib.constrain_length_product
+        self._length_product.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, p, p, p, ctypes.c_int32, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_int32, ctypes.c_int64, ctypes.c_double, p,
+                                         ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
+        self._length_product.restype = ctypes.c_void_p
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
@@ -1083,6 +1211,28 @@ class NativeAutomata:
                                -1.0 if deadline is None else float(deadline), flags, len(cancel_flags),
                                ctypes.byref(status))
         return self._result(handle, status.value, len(pa))
+
+    def length_product(self, succ: np.ndarray, weight: np.ndarray, fewest: Sequence[int], most: Sequence[int],
+                       accepting: np.ndarray, start: int, lo: int, hi: int | None, max_states: int,
+                       deadline: float | None, cancel_flags: Sequence[ctypes.c_int32]
+                       ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+        """The code-point-counting product of `constrain.schema._Compiler.length_bounded` over DFA `succ` (int32
+        [n x k], -1 none; `weight[j]` 1 when class j starts a code point), `fewest`/`most` code points to acceptance
+        per state (2^60 for unbounded). Returns (status, transitions, accepting) as `determinise` does; no states
+        when the start itself cannot fit."""
+        succ = np.ascontiguousarray(succ, np.int32)
+        n, k = succ.shape
+        weight = np.ascontiguousarray(weight, np.int32)
+        few = np.ascontiguousarray(np.minimum(np.asarray(fewest, dtype=object), 1 << 60).astype(np.int64))
+        mst = np.ascontiguousarray(np.minimum(np.asarray(most, dtype=object), 1 << 60).astype(np.int64))
+        acc = np.ascontiguousarray(accepting, np.uint8)
+        flags = (ctypes.c_int64 * max(1, len(cancel_flags)))(*[ctypes.addressof(f) for f in cancel_flags])
+        status = ctypes.c_int32(DET_NOMEM)
+        handle = self._length_product(n, k, succ.ctypes.data, weight.ctypes.data, few.ctypes.data, mst.ctypes.data,
+                                      acc.ctypes.data, start, lo, 0 if hi is None else hi, int(hi is not None),
+                                      max_states, -1.0 if deadline is None else float(deadline), flags,
+                                      len(cancel_flags), ctypes.byref(status))
+        return self._result(handle, status.value, k)
 
     def _result(self, handle, status: int, n_classes: int) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         try:

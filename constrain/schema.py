@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from constrain import automaton as fa
+from constrain import native as _native
 from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
 from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, JsonSyntax, Whitespace, dump_json
 
@@ -986,6 +987,23 @@ class _Compiler:
                 out_degree[q] -= 1
                 if out_degree[q] == 0:
                     ready.append(q)
+        native = _native.automata()
+        if native is not None:
+            product = self._length_product_native(native, shape, old_class, weight, class_of, fewest, most, lo, hi,
+                                                  pointer)
+        else:
+            product = self._length_product_python(shape, succ, class_of, fewest, most, lo, hi, pointer)
+        if product is None:
+            return fa.NOTHING
+        # minimised here: `fa.compile` takes a `Dfa` as it is, and an unminimised one enlarges every enclosing determinisation
+        everything = fa.repeat(fa.byte_set([(0, 255)]), 0)
+        return fa.compile(fa.intersect(product, everything), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
+
+    def _length_product_python(self, shape: fa.Dfa, succ: list[list[tuple[int, int]]], class_of: np.ndarray,
+                               fewest: list[int], most: list[int], lo: int, hi: int | None,
+                               pointer: str) -> fa.Dfa | None:
+        """`length_bounded`'s product, breadth first (None: no string of `shape` fits the bounds)."""
+        inf = 1 << 60
         top = inf if hi is None else hi
         saturated = -1
 
@@ -1002,7 +1020,7 @@ class _Compiler:
 
         start = normal(shape.start, 0)
         if start is None:
-            return fa.NOTHING
+            return None
         ids = {start: 0}
         order = [start]
         table: list[list[int]] = []
@@ -1029,10 +1047,25 @@ class _Compiler:
                 row.append(j)
             table.append(row)
         accepting = np.array([bool(shape.accepting[q]) and (c == saturated or lo <= c <= top) for q, c in order])
-        product = fa.Dfa(np.array(table, np.int32).reshape(len(order), len(uniq)), accepting, class_of.astype(np.int32), ())
-        # minimised here: `fa.compile` takes a `Dfa` as it is, and an unminimised one enlarges every enclosing determinisation
-        everything = fa.repeat(fa.byte_set([(0, 255)]), 0)
-        return fa.compile(fa.intersect(product, everything), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
+        return fa.Dfa(np.array(table, np.int32).reshape(len(order), len(succ[0])), accepting, class_of.astype(np.int32), ())
+
+    def _length_product_native(self, native: Any, shape: fa.Dfa, old_class: list[int], weight: list[int],
+                               class_of: np.ndarray, fewest: list[int], most: list[int], lo: int, hi: int | None,
+                               pointer: str) -> fa.Dfa | None:
+        """`_length_product_python` in C (`native.length_product`: the same states in the same order)."""
+        shared = fa.active_deadlines()
+        instants = [self.deadline, *(d.expires_at for d in shared if d.expires_at is not None)]
+        status, table, accepting = native.length_product(
+            np.asarray(shape.transitions)[:, old_class], np.asarray(weight), fewest, most, shape.accepting,
+            shape.start, lo, hi, self.opts.max_states, min(instants), [d._flag for d in shared])
+        if status == _native.DET_STATES:
+            raise fa.BudgetExceeded(f"automaton exceeds the state budget of {self.opts.max_states} states", pointer=pointer)
+        if status != _native.DET_OK:
+            fa.check_deadlines(pointer)
+            raise fa.BudgetExceeded("schema compilation exceeded its time budget", pointer=pointer)
+        if not accepting.shape[0]:
+            return None
+        return fa.Dfa(table, accepting, class_of.astype(np.int32), ())
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
         decoded = self.decoded_string(schema, pointer)

@@ -393,3 +393,36 @@ def test_shared_walks_on_jsonschemabench_give_the_full_walks_masks(request, voca
         n_schemas += 1
         n_shared += index._walker.shared
     assert n_schemas >= 12 and n_shared > 0
+
+
+_LENGTH_SCHEMAS = [
+    {"type": "string", "format": "email", "maxLength": 300},
+    {"type": "string", "format": "email", "minLength": 5, "maxLength": 40},
+    {"type": "string", "pattern": "^[a-zé]+$", "minLength": 3, "maxLength": 200},
+    {"type": "string", "pattern": "^(ab|cd)*x?$", "minLength": 7, "maxLength": 7},
+    {"type": "string", "pattern": "^(ab|cd)*$", "minLength": 7, "maxLength": 7},  # even lengths only: none fits
+    {"type": "string", "format": "date-time", "maxLength": 20},
+    {"type": "string", "format": "uri", "maxLength": 3},
+    {"type": "string", "pattern": "^[0-9]{4}-[^x]*$", "minLength": 6},
+]
+
+
+@pytest.mark.parametrize("schema", _LENGTH_SCHEMAS, ids=range(len(_LENGTH_SCHEMAS)))
+def test_native_length_product_gives_the_python_products_automaton(schema):
+    """The code-point-counting product behind minLength/maxLength on a format or pattern, C against Python."""
+    def build():
+        try:
+            return canonical(compile_schema(schema).dfa)
+        except ConstrainError as err:
+            return type(err).__name__, err.pointer
+    fa.clear_compiled()
+    native_result = build()
+    with numpy_passes():
+        assert build() == native_result
+
+
+def test_native_length_product_keeps_the_state_budget():
+    schema = {"type": "string", "format": "email", "maxLength": 5000}
+    with pytest.raises(fa.BudgetExceeded) as err:
+        compile_schema(schema, max_states=20_000)
+    assert "state budget of 20000 states" in str(err.value) and err.value.pointer == "/maxLength"
