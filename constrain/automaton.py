@@ -517,6 +517,9 @@ class _Nfa:
         # (expr, dst) -> entry node: a sub-expression reached again with the same continuation is
         # built once (expressions are DAGs; suffix sharing keeps the NFA linear in the DAG's size)
         self.entries: dict[tuple[int, int], int] = {}
+        # (suffix id, dst) -> the node a concatenation's remaining parts start from (see `_build`)
+        self.suffix_ids: dict[tuple[int, int], int] = {}
+        self.suffix_entries: dict[tuple[int, int], int] = {}
 
     def node(self) -> int:
         self.eps.append([])
@@ -550,12 +553,26 @@ class _Nfa:
             if not expr.parts:
                 self.eps[src].append(dst)
                 return
+            # The node before each suffix of the parts is shared by every concatenation that ends in the same
+            # parts towards the same dst: `a x rest` and `b x rest` (an optional object member written with and
+            # without its comma) build `x` once. A suffix is named by interned (id(part), id of the suffix after it).
+            parts = expr.parts
+            suffix = -1
+            before = [0] * len(parts)
+            for i in range(len(parts) - 1, 0, -1):
+                suffix = self.suffix_ids.setdefault((id(parts[i]), suffix), len(self.suffix_ids))
+                before[i] = suffix
             cur = src
-            for part in expr.parts[:-1]:
-                nxt = self.node()
+            for i, part in enumerate(parts[:-1]):
+                key = (before[i + 1], dst)
+                nxt = self.suffix_entries.get(key)
+                if nxt is not None:
+                    self.build(part, cur, nxt)
+                    return
+                nxt = self.suffix_entries[key] = self.node()
                 self.build(part, cur, nxt)
                 cur = nxt
-            self.build(expr.parts[-1], cur, dst)
+            self.build(parts[-1], cur, dst)
         elif isinstance(expr, _Union):
             for part in expr.parts:
                 self.build(part, src, dst)
