@@ -878,6 +878,17 @@ fail:
     return NULL;
 }
 
+/* A breadth-first pass's empty result, with its limits in `c` (as in constrain_determinise); NULL when out of
+   memory. */
+static det_result *pass_begin(int32_t n_classes, det_ctx *c, double deadline, const int64_t *cancel,
+                              int32_t n_cancel) {
+    memset(c, 0, sizeof *c);
+    c->deadline = deadline; c->cancel = cancel; c->n_cancel = n_cancel;
+    det_result *out = (det_result *)calloc(1, sizeof(det_result));
+    if (out) out->n_classes = n_classes;
+    return out;
+}
+
 /* ---- product: intersection (keep_b) or difference (not keep_b) of two DFAs, breadth-first ---- */
 
 /* Over nc product classes, class c reads class pa[c] of A and pb[c] of B (-1: that DFA has no such symbol).
@@ -886,12 +897,9 @@ void *constrain_product(int32_t na, int32_t ka, const int32_t *ta, const uint8_t
                         int32_t nb, int32_t kb, const int32_t *tb, const uint8_t *acc_b, int32_t b_start,
                         int32_t nc, const int32_t *pa, const int32_t *pb, int32_t keep_b, int64_t max_states,
                         double deadline, const int64_t *cancel, int32_t n_cancel, int32_t *status) {
-    det_result *out = (det_result *)calloc(1, sizeof(det_result));
-    if (!out) { *status = DET_NOMEM; return NULL; }
-    out->n_classes = nc;
     det_ctx c;
-    memset(&c, 0, sizeof c);
-    c.deadline = deadline; c.cancel = cancel; c.n_cancel = n_cancel;
+    det_result *out = pass_begin(nc, &c, deadline, cancel, n_cancel);
+    if (!out) { *status = DET_NOMEM; return NULL; }
     int64_t n_slot = 1024, n = 0, cap = 0;
     int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
     int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
@@ -1036,12 +1044,9 @@ void *constrain_length_product(int32_t n, int32_t k, const int32_t *succ, const 
                                const int64_t *fewest, const int64_t *most, const uint8_t *acc, int32_t start,
                                int64_t lo, int64_t hi, int32_t has_hi, int64_t max_states, double deadline,
                                const int64_t *cancel, int32_t n_cancel, int32_t *status) {
-    det_result *out = (det_result *)calloc(1, sizeof(det_result));
-    if (!out) { *status = DET_NOMEM; return NULL; }
-    out->n_classes = k;
     det_ctx c;
-    memset(&c, 0, sizeof c);
-    c.deadline = deadline; c.cancel = cancel; c.n_cancel = n_cancel;
+    det_result *out = pass_begin(k, &c, deadline, cancel, n_cancel);
+    if (!out) { *status = DET_NOMEM; return NULL; }
     idmap m = {0};
     int32_t *at_q = NULL;
     int64_t *at_c = NULL, cap = 0, count = 0;
