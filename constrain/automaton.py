@@ -166,9 +166,12 @@ EMPTY: Expr = _Concat(())
 NOTHING: Expr = _Union(())
 
 
+_ONE_BYTE = tuple(_Bytes(1 << b) for b in range(N_BYTES))  # shared: a literal's parts are never told apart by identity
+
+
 def literal(data: bytes) -> Expr:
     """Exactly the bytes `data`."""
-    return concat(*(_Bytes(1 << b) for b in data))
+    return concat(*map(_ONE_BYTE.__getitem__, data))
 
 
 def byte_set(ranges: Iterable[tuple[int, int]]) -> Expr:
