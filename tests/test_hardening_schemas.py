@@ -6,6 +6,7 @@ the demo model's 4096-token context refuses such prompts before anything compile
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -138,15 +139,32 @@ def test_enum_of_thousands_in_response_format(server):
     assert json.loads(message["content"])["v"] in schema["properties"]["v"]["enum"]
 
 
-def test_one_megabyte_enum_is_refused_by_budget(server):
-    schema = one({"enum": [f"{i:06d}-" + "x" * 40 for i in range(22_000)]})
+def _enum_body(values: list[str]) -> dict:
+    schema = one({"enum": values})
     body = {"messages": USER, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False},
             "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
     assert len(json.dumps(body)) > 1_000_000
-    status, data = send(server, "enum_22000_1MB (response_format)", body)
+    return body
+
+
+def test_one_megabyte_enum_is_refused_by_budget(server):
+    # 22,000 values without common parts: ~880k automaton states, past the 100k-state budget
+    values = [f"{i:06d}-" + hashlib.sha256(b"%d" % i).hexdigest()[:40] for i in range(22_000)]
+    status, data = send(server, "enum_22000_1MB_distinct (response_format)", _enum_body(values))
     err = error_of(status, data)
     assert status == 400 and err["code"] == "budget_exceeded"
     assert err["param"] == "response_format.json_schema.schema.properties.v.enum", err
+
+
+def test_one_megabyte_enum_with_a_shared_tail_compiles(server):
+    # the values share their last 41 bytes: the automaton builds that tail once (it was refused by budget while
+    # every literal byte was its own object, so no two literals shared a suffix)
+    schema_values = [f"{i:06d}-" + "x" * 40 for i in range(22_000)]
+    body = _enum_body(schema_values)
+    status, data = send(server, "enum_22000_1MB_shared_tail (response_format)", body)
+    assert status == 200, data[:300]
+    message = message_of_completion(json.loads(data))
+    assert json.loads(message["content"])["v"] in schema_values
 
 
 def test_schema_nested_past_the_request_depth_bound(server):
