@@ -100,6 +100,15 @@ def active_deadlines() -> tuple[Deadline, ...]:
     return tuple(getattr(_active, "stack", ()))
 
 
+def native_limits(deadline: float | None, shared: Sequence[Deadline] | None = None
+                  ) -> tuple[float | None, list[ctypes.c_int32]]:
+    """For a native pass: the earliest of `deadline` and the `shared` deadlines' (default: the active ones), as a
+    `time.monotonic()` instant (None if none), and the shared deadlines' cancel flags."""
+    shared = active_deadlines() if shared is None else shared
+    instants = [d for d in [deadline, *(x.expires_at for x in shared)] if d is not None]
+    return (min(instants) if instants else None), [x._flag for x in shared]
+
+
 def check_deadlines(pointer: str = "") -> None:
     """Raise `BudgetExceeded` at `pointer` when any deadline active on this thread is cancelled or past."""
     for deadline in getattr(_active, "stack", ()):
@@ -487,8 +496,7 @@ class _Budget:
     def native_limits(self) -> tuple[float | None, list[ctypes.c_int32]]:
         """For a native pass: the earliest deadline (a `time.monotonic()` instant, None if none) and the cancel
         flags of the active `Deadline`s."""
-        instants = [d for d in [self.deadline, *(x.expires_at for x in self.shared)] if d is not None]
-        return (min(instants) if instants else None), [x._flag for x in self.shared]
+        return native_limits(self.deadline, self.shared)
 
     def native_stopped(self, status: int) -> None:
         """Raise the error a native pass stopped with (`constrain.native.DET_*`)."""

@@ -58,7 +58,7 @@ _REFERENCES_LOCK = threading.Lock()
 def _references(vocab: Any, trie: _Trie, n_words: int) -> tuple:
     """The content state and the escape state of a JSON string (`{"type": "string"}`), with their masks over `trie`:
     a wide state of any DFA on this vocabulary may derive its mask from one of them instead of walking most of the
-    trie (see `native.TrieWalker`). Built once per (trie, mask width): one compile and two walks."""
+    trie (see `native.TrieWalker`). Built once per (trie, mask width): one compile and the walks of its 16 states."""
     with _REFERENCES_LOCK:
         hit = _REFERENCES.get(trie, {}).get(n_words)
     if hit is not None:
@@ -141,8 +141,9 @@ class TokenIndex:
     the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
 
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
-    use (with the C walk, a DFA of at most 1,024 states has them all filled at construction, within 5 ms) (idempotently; a state's first use also fills two of its structural successors with the C walk, or up to 32
+    use (idempotently; a state's first use also fills two of its structural successors with the C walk, or up to 32
     states two tokens ahead with the numpy walks) and deduplicated, so equal masks share one row of `mask_table()`.
+    With the C walk, a DFA of at most 1,024 states has its rows filled at construction (within 5 ms).
     With the C walk, a wide state (string content: most of the trie live, a 0.3-1 ms walk) takes its mask from an
     earlier wide state of the same index when the two keep the same byte strings live up to the longest token, but
     for strings through a few bytes (the closing quote, typically): those tokens alone are walked (see
@@ -679,15 +680,13 @@ class TokenIndex:
         row and some of the destination states the walk found."""
         row_of = self._row_of
         words, key, dests, same_as = self._walker.mask(state)
-        if same_as >= 0:
-            row = row_of[same_as]
-            if row < 0:  # another thread has not inserted that state's row yet
-                words, key, dests, _ = self._walker.mask(state, share=False)
+        row = row_of[same_as] if same_as >= 0 else -1
+        if same_as >= 0 and row < 0:  # another thread has not inserted that state's row yet
+            words, key, dests, _ = self._walker.mask(state, share=False)
         with self._lock:
             if row_of[state] < 0:
-                row_of[state] = row if same_as >= 0 and row >= 0 else self._insert_row(words, key)
-            row = row_of[state]
-        return row, dests
+                row_of[state] = row if row >= 0 else self._insert_row(words, key)
+            return row_of[state], dests
 
     def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and

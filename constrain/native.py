@@ -1228,8 +1228,8 @@ class NativeAutomata:
         succ = np.ascontiguousarray(succ, np.int32)
         n, k = succ.shape
         weight = np.ascontiguousarray(weight, np.int32)
-        few = np.ascontiguousarray(np.minimum(np.asarray(fewest, dtype=object), 1 << 60).astype(np.int64))
-        mst = np.ascontiguousarray(np.minimum(np.asarray(most, dtype=object), 1 << 60).astype(np.int64))
+        few = np.ascontiguousarray(fewest, np.int64)  # at most 2^60 (the caller's "unbounded")
+        mst = np.ascontiguousarray(most, np.int64)
         acc = np.ascontiguousarray(accepting, np.uint8)
         flags = (ctypes.c_int64 * max(1, len(cancel_flags)))(*[ctypes.addressof(f) for f in cancel_flags])
         status = ctypes.c_int32(DET_NOMEM)

@@ -1053,11 +1053,10 @@ class _Compiler:
                                class_of: np.ndarray, fewest: list[int], most: list[int], lo: int, hi: int | None,
                                pointer: str) -> fa.Dfa | None:
         """`_length_product_python` in C (`native.length_product`: the same states in the same order)."""
-        shared = fa.active_deadlines()
-        instants = [self.deadline, *(d.expires_at for d in shared if d.expires_at is not None)]
+        deadline, flags = fa.native_limits(self.deadline)
         status, table, accepting = native.length_product(
             np.asarray(shape.transitions)[:, old_class], np.asarray(weight), fewest, most, shape.accepting,
-            shape.start, lo, hi, self.opts.max_states, min(instants), [d._flag for d in shared])
+            shape.start, lo, hi, self.opts.max_states, deadline, flags)
         if status == _native.DET_STATES:
             raise fa.BudgetExceeded(f"automaton exceeds the state budget of {self.opts.max_states} states", pointer=pointer)
         if status != _native.DET_OK:
