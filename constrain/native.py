@@ -704,6 +704,50 @@ int64_t constrain_xflags(int32_t n_nodes, const uint8_t *node_byte, const int32_
     return below;
 }
 
+/* ---- a hash map from int64 keys to int32 ids (pair search, length product) ---- */
+
+typedef struct { int64_t *keys; int32_t *vals; int64_t n_slot, n; } idmap;  /* int64 key >= 0 -> int32 id */
+
+static int idmap_init(idmap *m) {
+    m->n_slot = 1024;
+    m->n = 0;
+    m->keys = (int64_t *)malloc((size_t)m->n_slot * sizeof(int64_t));
+    m->vals = (int32_t *)malloc((size_t)m->n_slot * sizeof(int32_t));
+    if (!m->keys || !m->vals) return 0;
+    for (int64_t i = 0; i < m->n_slot; i++) m->keys[i] = -1;
+    return 1;
+}
+
+static int64_t idmap_slot(const int64_t *keys, int64_t n_slot, int64_t key) {
+    int64_t at = (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (n_slot - 1);
+    while (keys[at] >= 0 && keys[at] != key) at = (at + 1) & (n_slot - 1);
+    return at;
+}
+
+/* The id of `key`; else adds it with id `fresh` and returns -1 (-2 when out of memory). */
+static int32_t idmap_get_or_add(idmap *m, int64_t key, int32_t fresh) {
+    int64_t at = idmap_slot(m->keys, m->n_slot, key);
+    if (m->keys[at] == key) return m->vals[at];
+    m->keys[at] = key;
+    m->vals[at] = fresh;
+    if (++m->n * 2 > m->n_slot) {
+        int64_t n_slot = m->n_slot * 2;
+        int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
+        int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
+        if (!keys || !vals) { free(keys); free(vals); return -2; }
+        for (int64_t i = 0; i < n_slot; i++) keys[i] = -1;
+        for (int64_t i = 0; i < m->n_slot; i++) {
+            if (m->keys[i] < 0) continue;
+            int64_t to = idmap_slot(keys, n_slot, m->keys[i]);
+            keys[to] = m->keys[i];
+            vals[to] = m->vals[i];
+        }
+        free(m->keys); free(m->vals);
+        m->keys = keys; m->vals = vals; m->n_slot = n_slot;
+    }
+    return -1;
+}
+
 /* Whether state p of DFA A (transitions `ta`, `ka` classes per state) and state q of DFA B keep the same byte strings
    of up to `depth` bytes live when the strings avoid the joint classes flagged in `xj`: joint class j is the bytes
    of class ja[j] in A and jb[j] in B (A and B may be one DFA: then ja = jb, its byte classes). Breadth first over
@@ -715,16 +759,15 @@ int64_t constrain_xflags(int32_t n_nodes, const uint8_t *node_byte, const int32_
 int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, int32_t kb, int32_t n_joint,
                              const int32_t *ja, const int32_t *jb, int32_t p, int32_t q, int32_t depth, uint8_t *xj,
                              int32_t max_pairs, int32_t max_rounds) {
-    int64_t cap = 16;
-    while (cap < 2 * (int64_t)max_pairs) cap *= 2;
-    int64_t *keys = (int64_t *)malloc((size_t)cap * sizeof(int64_t));
     int32_t *pa = (int32_t *)malloc((size_t)max_pairs * 4 * sizeof(int32_t));
-    if (!keys || !pa) { free(keys); free(pa); return -3; }
+    if (!pa) return -3;
     int32_t *pb = pa + max_pairs, *pd = pb + max_pairs, *pf = pd + max_pairs;
     int same = ta == tb;
     int32_t result = -1;
+    idmap seen = {0};
     for (int32_t round = 0; round <= max_rounds; round++) {
-        for (int64_t i = 0; i < cap; i++) keys[i] = -1;
+        free(seen.keys); free(seen.vals);
+        if (!idmap_init(&seen)) { result = -3; break; }
         int32_t n = 1, fail = -1;
         pa[0] = p; pb[0] = q; pd[0] = 0; pf[0] = -1;
         for (int32_t head = 0; head < n && fail < 0; head++) {
@@ -735,18 +778,15 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
                 int32_t sa = ra[ja[j]], sb = rb[jb[j]];
                 if ((sa < 0) != (sb < 0)) { fail = f < 0 ? j : f; break; }
                 if (sa < 0 || (same && sa == sb) || d + 1 >= depth) continue;
-                int64_t key = ((int64_t)sa << 32) | (uint32_t)sb;
-                uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ull;
-                int64_t slot = (int64_t)(h >> 20) & (cap - 1);
-                while (keys[slot] >= 0 && keys[slot] != key) slot = (slot + 1) & (cap - 1);
-                if (keys[slot] == key) continue;
+                int32_t id = idmap_get_or_add(&seen, ((int64_t)sa << 32) | (uint32_t)sb, n);
+                if (id == -2) { fail = -3; break; }  /* -3: out of memory */
+                if (id >= 0) continue;
                 if (n == max_pairs) { fail = -2; break; }  /* -2: too many pairs */
-                keys[slot] = key;
                 pa[n] = sa; pb[n] = sb; pd[n] = d + 1; pf[n] = j;
                 n++;
             }
         }
-        if (fail == -2) break;
+        if (fail == -2 || fail == -3) { result = fail == -3 ? -3 : -1; break; }
         if (fail < 0) {
             result = 0;
             for (int32_t j = 0; j < n_joint; j++) result += xj[j] != 0;
@@ -754,7 +794,7 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
         }
         xj[fail] = 1;
     }
-    free(keys); free(pa);
+    free(seen.keys); free(seen.vals); free(pa);
     return result;
 }
 
@@ -981,48 +1021,6 @@ done:
 }
 
 /* ---- the code-point-counting product of `constrain.schema._Compiler.length_bounded` ---- */
-
-typedef struct { int64_t *keys; int32_t *vals; int64_t n_slot, n; } idmap;  /* int64 key >= 0 -> int32 id */
-
-static int idmap_init(idmap *m) {
-    m->n_slot = 1024;
-    m->n = 0;
-    m->keys = (int64_t *)malloc((size_t)m->n_slot * sizeof(int64_t));
-    m->vals = (int32_t *)malloc((size_t)m->n_slot * sizeof(int32_t));
-    if (!m->keys || !m->vals) return 0;
-    for (int64_t i = 0; i < m->n_slot; i++) m->keys[i] = -1;
-    return 1;
-}
-
-static int64_t idmap_slot(const int64_t *keys, int64_t n_slot, int64_t key) {
-    int64_t at = (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (n_slot - 1);
-    while (keys[at] >= 0 && keys[at] != key) at = (at + 1) & (n_slot - 1);
-    return at;
-}
-
-/* The id of `key`; else adds it with id `fresh` and returns -1 (-2 when out of memory). */
-static int32_t idmap_get_or_add(idmap *m, int64_t key, int32_t fresh) {
-    int64_t at = idmap_slot(m->keys, m->n_slot, key);
-    if (m->keys[at] == key) return m->vals[at];
-    m->keys[at] = key;
-    m->vals[at] = fresh;
-    if (++m->n * 2 > m->n_slot) {
-        int64_t n_slot = m->n_slot * 2;
-        int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
-        int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
-        if (!keys || !vals) { free(keys); free(vals); return -2; }
-        for (int64_t i = 0; i < n_slot; i++) keys[i] = -1;
-        for (int64_t i = 0; i < m->n_slot; i++) {
-            if (m->keys[i] < 0) continue;
-            int64_t to = idmap_slot(keys, n_slot, m->keys[i]);
-            keys[to] = m->keys[i];
-            vals[to] = m->vals[i];
-        }
-        free(m->keys); free(m->vals);
-        m->keys = keys; m->vals = vals; m->n_slot = n_slot;
-    }
-    return -1;
-}
 
 enum { LP_SATURATED = -1, LP_NONE = -2 };
 
