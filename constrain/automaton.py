@@ -13,6 +13,8 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+import itertools
+from itertools import chain
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -345,7 +347,7 @@ class Dfa(Expr):
             array.setflags(write=False)
         self._digest: str | None = None
         self._rows: list[list[int]] | None = None
-        self._edges: dict[tuple[int, ...], list[list[tuple[int, int]]]] = {}
+        self._edges: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]] = {}
 
     def __getstate__(self):
         return (self.transitions, self.accepting, self.class_of, self.specials, self.start)
@@ -389,36 +391,31 @@ class Dfa(Expr):
         except ValueError:
             return -1
 
-    def _edge_lists(self, special_symbols: tuple[int, ...]) -> list[list[tuple[int, int]]]:
-        """Per state, `(symbol mask, target)` with one mask per live target; special `i` is symbol
-        `special_symbols[i]`. Cached: embedding one DFA many times (bounded repeats) reads it again."""
-        edges = self._edges.get(special_symbols)
-        if edges is None:
-            # each class's symbol mask as little-endian 64-bit words, OR-ed per (state, target) with numpy, then one
-            # Python int per distinct edge
-            n_words = (max((N_BYTES - 1, *special_symbols)) >> 6) + 1
-            class_words = np.zeros((self.n_classes, n_words), np.uint64)
-            symbols = np.arange(N_BYTES)
-            np.bitwise_or.at(class_words, (self.class_of[:N_BYTES], symbols >> 6), np.left_shift(np.uint64(1), (symbols & 63).astype(np.uint64)))
+    def _edge_groups(self, special_symbols: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """Every transition as arrays `(src, dst, label, masks)`, sorted by source: transition g reads the symbols
+        `masks[label[g]]`, its class's (a Python int over the symbol numbering in which special `i` is
+        `special_symbols[i]`). Only the classes become Python ints. Cached: embedding one DFA many times (bounded
+        repeats, an NFA built around it) reads it again."""
+        groups = self._edges.get(special_symbols)
+        if groups is None:
+            masks = [0] * self.n_classes
+            for symbol in range(N_BYTES):
+                masks[self.class_of[symbol]] |= 1 << symbol
             for i, symbol in enumerate(special_symbols):
-                class_words[int(self.class_of[N_BYTES + i]), symbol >> 6] |= np.uint64(1) << np.uint64(symbol & 63)
-            src, cls = np.nonzero(self.transitions >= 0)
-            dst = self.transitions[src, cls].astype(np.int64)
-            key = src.astype(np.int64) * max(self.n_states, 1) + dst
-            order = np.argsort(key, kind="stable")
-            key = key[order]
-            edges = [[] for _ in range(self.n_states)]
-            if len(key):
-                starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-                words = np.bitwise_or.reduceat(class_words[cls[order]], starts, axis=0)
-                raw = words.astype("<u8").tobytes()
-                stride = 8 * n_words
-                for g, (s, t) in enumerate(zip(src[order][starts].tolist(), dst[order][starts].tolist())):
-                    mask = int.from_bytes(raw[g * stride:(g + 1) * stride], "little")
-                    if mask:
-                        edges[s].append((mask, t))
-            self._edges[special_symbols] = edges
-        return edges
+                masks[self.class_of[N_BYTES + i]] |= 1 << symbol
+            src, label = np.nonzero(self.transitions >= 0)
+            dst = self.transitions[src, label]
+            groups = (src.astype(np.int32), dst.astype(np.int32), label.astype(np.int32), masks)
+            self._edges[special_symbols] = groups
+        return groups
+
+    def _edge_lists(self, special_symbols: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        """Per state, `(symbol mask, target)` with one mask per live target (`_edge_groups` as Python lists)."""
+        src, dst, label, masks = self._edge_groups(special_symbols)
+        edges: list[dict[int, int]] = [{} for _ in range(self.n_states)]
+        for s, t, c in zip(src.tolist(), dst.tolist(), label.tolist()):
+            edges[s][t] = edges[s].get(t, 0) | masks[c]
+        return [[(m, t) for t, m in row.items() if m] for row in edges]
 
     def rows(self) -> list[list[int]]:
         """Transitions as nested Python lists (fast scalar stepping)."""
@@ -531,6 +528,9 @@ class _Nfa:
         # (suffix id, dst) -> the node a concatenation's remaining parts start from (see `_build`)
         self.suffix_ids: dict[tuple[int, int], int] = {}
         self.suffix_entries: dict[tuple[int, int], int] = {}
+        # embedded DFAs kept as arrays, `(first node, _edge_groups)`, for the native subset construction; None
+        # without it (the Python one reads `edges` only)
+        self.blocks: list[tuple[int, tuple]] | None = [] if _native.automata() is not None else None
 
     def node(self) -> int:
         self.eps.append([])
@@ -592,7 +592,10 @@ class _Nfa:
         elif isinstance(expr, Dfa):
             self._embed(expr, src, dst)
         elif isinstance(expr, _Substitute):
-            self._embed(_compile(expr.body, self.budget, self.memo), src, dst, dict(expr.mapping))
+            if _prefix_code(expr.mapping) is not None:
+                self._embed(_compile(expr, self.budget, self.memo), src, dst)
+            else:
+                self._embed(_compile(expr.body, self.budget, self.memo), src, dst, dict(expr.mapping))
         elif isinstance(expr, (_Intersect, _Difference)):
             self._embed(_compile(expr, self.budget, self.memo), src, dst)
         else:
@@ -624,32 +627,152 @@ class _Nfa:
             cur = nxt
 
     def _embed(self, dfa: Dfa, src: int, dst: int, mapping: dict[int, Expr] | None = None) -> None:
+        """Add `dfa`'s states as nodes entered from `src`, leaving to `dst` from its accepting states; a byte `b` of
+        `mapping` is replaced by a path spelling `mapping[b]`."""
         if dfa.is_empty:
             return
         base = len(self.eps)
         n = dfa.n_states
+        special_symbols = tuple(self.special_symbol[sid] for sid in dfa.specials)
+        mapped_mask = sum(1 << b for b in mapping) if mapping else 0
+        if self.blocks is not None:
+            # A block: the DFA's transitions stay arrays (`_edge_groups`) that the native subset construction reads
+            # directly (a 12k-state DFA copied into Python lists cost ~50 ms). Its nodes share one empty tuple until
+            # something adds to them: acceptance (an epsilon to dst) and the paths of mapped bytes, built here.
+            self.eps.extend(itertools.repeat((), n))
+            self.edges.extend(itertools.repeat((), n))
+            self.budget.check(len(self.eps) // 4)
+            src_of, dst_of, label, masks = dfa._edge_groups(special_symbols)
+            for s in np.flatnonzero(dfa.accepting).tolist():
+                self.eps[base + s] = [dst]
+            mapped = [g for g, m in enumerate(masks) if m & mapped_mask]
+            if mapped:
+                for g in np.flatnonzero(np.isin(label, mapped)).tolist():
+                    s, t, mask = base + int(src_of[g]), base + int(dst_of[g]), masks[label[g]] & mapped_mask
+                    if type(self.eps[s]) is tuple:
+                        self.eps[s] = []
+                    if type(self.edges[s]) is tuple:
+                        self.edges[s] = []
+                    while mask:
+                        low = mask & -mask
+                        self.build(mapping[low.bit_length() - 1], s, t)
+                        mask ^= low
+                masks = [m & ~mapped_mask for m in masks]
+            self.blocks.append((base, (src_of, dst_of, label, masks)))
+            self.eps[src].append(base + dfa.start)
+            return
         self.eps.extend([] for _ in range(n))
         self.edges.extend([] for _ in range(n))
         self.budget.check(len(self.eps) // 4)
-        lists = dfa._edge_lists(tuple(self.special_symbol[sid] for sid in dfa.specials))
-        mapped_mask = sum(1 << b for b in mapping) if mapping else 0
-        for s, row in enumerate(lists):
-            if not mapped_mask:
-                self.edges[base + s] = [(mask, base + t) for mask, t in row]
-                continue
-            edges = []
+        for s, row in enumerate(dfa._edge_lists(special_symbols)):
+            edges = self.edges[base + s]
             for mask, t in row:
                 if mask & mapped_mask:
-                    for b in range(N_BYTES):
-                        if mask >> b & 1 and b in mapping:
-                            self.build(mapping[b], base + s, base + t)
+                    bits = mask & mapped_mask
+                    while bits:
+                        low = bits & -bits
+                        self.build(mapping[low.bit_length() - 1], base + s, base + t)
+                        bits ^= low
                     mask &= ~mapped_mask
                 if mask:
                     edges.append((mask, base + t))
-            self.edges[base + s].extend(edges)
         for s in np.flatnonzero(dfa.accepting).tolist():
             self.eps[base + s].append(dst)
         self.eps[src].append(base + dfa.start)
+
+
+def _literal_bytes(expr: Expr) -> bytes | None:
+    """The one string `expr` spells when it is a literal (single bytes in sequence), else None."""
+    parts = expr.parts if isinstance(expr, _Concat) else (expr,)
+    out = bytearray()
+    for part in parts:
+        if not isinstance(part, _Bytes) or part.mask & (part.mask - 1) or not part.mask:
+            return None
+        out.append(part.mask.bit_length() - 1)
+    return bytes(out)
+
+
+_PREFIX_CODES: dict[tuple, tuple[list[dict[int, int]], dict[int, int]] | None] = {}
+
+
+def _prefix_code(mapping: tuple[tuple[int, Expr], ...]) -> tuple[list[dict[int, int]], dict[int, int]] | None:
+    """The trie of a substitution's replacements, `(children per node, leaf node -> mapped byte)`, when they can be
+    spliced into a DFA deterministically: each replacement a non-empty literal, none a prefix of another, and each
+    starting with a mapped byte (so no unmapped transition reads it). None otherwise (JSON's escapes qualify)."""
+    if mapping in _PREFIX_CODES:
+        return _PREFIX_CODES[mapping]
+    children: list[dict[int, int]] = [{}]
+    leaf_of: dict[int, int] = {}
+    code: tuple | None = (children, leaf_of)
+    for b, replacement in mapping:
+        data = _literal_bytes(replacement)
+        if not data:
+            code = None
+            break
+        node = 0
+        for x in data:
+            if node in leaf_of:
+                break
+            node = children[node].setdefault(x, len(children))
+            if node == len(children):
+                children.append({})
+        if node in leaf_of or children[node] or node == 0:
+            code = None
+            break
+        leaf_of[node] = b
+    if code is not None and not set(children[0]) <= {b for b, _ in mapping}:
+        code = None
+    if len(_PREFIX_CODES) < 64:
+        _PREFIX_CODES[mapping] = code
+    return code
+
+
+def _substituted(dfa: Dfa, mapping: tuple[tuple[int, Expr], ...]) -> Dfa | None:
+    """`dfa` with every mapped byte's transition replaced by a path spelling its replacement, built directly (no
+    subset construction) when the replacements are a prefix code (`_prefix_code`), else None. From each state the
+    replacements it uses share their prefixes: one copy of the code's trie per state, cut to the live leaves. The
+    result is deterministic and trimmed, not minimised."""
+    code = _prefix_code(mapping)
+    if code is None or dfa.is_empty:
+        return None if code is None else dfa
+    children, leaf_of = code
+    n, trans, class_of = dfa.n_states, dfa.transitions, dfa.class_of
+    target = {u: trans[:, class_of[b]] for u, b in leaf_of.items()}  # per leaf: each state's target, -1 none
+    bfs = [0]
+    for u in bfs:
+        bfs.extend(children[u].values())
+    need: dict[int, np.ndarray] = {}
+    for u in reversed(bfs):
+        need[u] = target[u] >= 0 if u in leaf_of else np.logical_or.reduce([need[v] for v in children[u].values()])
+    # new states: per internal trie node, one copy for each state that needs it
+    copy: dict[int, np.ndarray] = {0: np.arange(n, dtype=np.int32)}
+    n_total = n
+    for u in bfs[1:]:
+        if u not in leaf_of:
+            ids = np.full(n, -1, np.int32)
+            live = np.flatnonzero(need[u])
+            ids[live] = n_total + np.arange(len(live), dtype=np.int32)
+            copy[u] = ids
+            n_total += len(live)
+    # classes: every byte a replacement reads, or that is mapped, gets its own
+    own = sorted({b for b, _ in mapping} | {x for c in children for x in c})
+    key = class_of.astype(np.int64)
+    key[own] = dfa.n_classes + np.arange(len(own))
+    _, new_class = np.unique(key, return_inverse=True)
+    new_class = new_class.reshape(-1).astype(np.int32)
+    old_class = np.zeros(int(new_class.max()) + 1, np.int32)
+    old_class[new_class] = class_of
+    table = np.full((n_total, len(old_class)), -1, np.int32)
+    table[:n] = trans[:, old_class]
+    table[:n, new_class[[b for b, _ in mapping]]] = -1
+    for u, rows in copy.items():
+        for x, v in children[u].items():
+            dest = target[v] if v in leaf_of else copy[v]
+            ok = (dest >= 0) & need[u] if u else dest >= 0
+            table[rows[ok], new_class[x]] = dest[ok]
+    accepting = np.zeros(n_total, bool)
+    accepting[:n] = dfa.accepting
+    return Dfa(table, accepting, new_class, dfa.specials, dfa.start)
 
 
 def _partition(masks: Iterable[int], n_symbols: int) -> tuple[list[int], dict[int, list[int]]]:
@@ -673,7 +796,8 @@ def _partition(masks: Iterable[int], n_symbols: int) -> tuple[list[int], dict[in
 
 def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     n_symbols = N_BYTES + len(nfa.specials)
-    blocks, covers = _partition((m for edges in nfa.edges for m, _ in edges), n_symbols)
+    block_masks = [m for _, groups in nfa.blocks or () for m in groups[3]]
+    blocks, covers = _partition(chain((m for edges in nfa.edges for m, _ in edges), block_masks), n_symbols)
     n_classes = len(blocks)
     class_of = np.zeros(n_symbols, np.int32)
     for i, b in enumerate(blocks):
@@ -711,7 +835,7 @@ def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     if native is not None:
         deadline, flags = budget.native_limits()
         status, transitions, accepting = native.determinise(nfa.eps, edges_of, covers, n_classes, start, final,
-                                                            budget.max_states, deadline, flags)
+                                                            budget.max_states, deadline, flags, nfa.blocks)
         if status != _native.DET_OK:
             budget.native_stopped(status)
         budget.check(len(accepting) - 1)
@@ -1643,6 +1767,11 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 isinstance(expr, _Concat) and all(isinstance(p, _Bytes) for p in expr.parts)
             ):
                 dfa = _chain((expr,) if isinstance(expr, _Bytes) else expr.parts, budget)
+            elif isinstance(expr, _Substitute) and _prefix_code(expr.mapping) is not None:
+                dfa = _substituted(_compile(expr.body, budget, memo), expr.mapping)
+                budget.check(dfa.n_states)
+                if dfa.n_states <= _MINIMISE_GLUED_MAX:
+                    dfa = _minimal(dfa, budget)
             else:
                 composed = _compose(expr, budget, memo)
                 if isinstance(composed, Dfa):

@@ -1163,9 +1163,12 @@ class NativeAutomata:
         max_states: int,
         deadline: float | None,
         cancel_flags: Sequence[ctypes.c_int32],
+        blocks: Sequence[tuple[int, tuple]] | None = None,
     ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         """Subset construction of the NFA (`eps[n]`: epsilon successors; `edges[n]`: (symbol mask, target) pairs,
-        each mask a key of `classes_of_mask`, which lists the symbol classes it covers).
+        each mask a key of `classes_of_mask`, which lists the symbol classes it covers). `blocks`: more edges as
+        arrays, `(first node, (src, dst, label, masks))` per embedded DFA (`Dfa._edge_groups`): an edge from node
+        `first + src[g]` to `first + dst[g]` reading `masks[label[g]]`.
 
         Returns (status, transitions [states x n_classes] int32 with -1 for none, accepting bool): status `DET_OK`,
         or `DET_STATES` (more than `max_states` + 1 states), `DET_TIME` (past the `time.monotonic()` instant
@@ -1176,11 +1179,25 @@ class NativeAutomata:
         eps_off = np.zeros(n + 1, np.int32)
         np.cumsum([len(e) for e in eps], out=eps_off[1:])
         eps_dst = np.fromiter(chain.from_iterable(eps), np.int32, int(eps_off[-1]))
-        edge_off = np.zeros(n + 1, np.int32)
-        np.cumsum([len(e) for e in edges], out=edge_off[1:])
+        counts = np.fromiter(map(len, edges), np.int64, n)
         flat = list(chain.from_iterable(edges))
         edge_mask = np.fromiter((mask_id[m] for m, _ in flat), np.int32, len(flat))
         edge_dst = np.fromiter((t for _, t in flat), np.int32, len(flat))
+        if blocks:
+            # each block's groups appended after the listed edges, then every edge ordered by its source node
+            edge_src = [np.repeat(np.arange(n, dtype=np.int32), counts)]
+            edge_mask, edge_dst = [edge_mask], [edge_dst]
+            for base, (src, dst, label, masks) in blocks:
+                ids = np.fromiter((mask_id[m] for m in masks), np.int32, len(masks))
+                edge_src.append(src + np.int32(base))
+                edge_dst.append(dst + np.int32(base))
+                edge_mask.append(ids[label])
+                counts += np.bincount(src + base, minlength=n)
+            order = np.argsort(np.concatenate(edge_src), kind="stable")
+            edge_mask = np.ascontiguousarray(np.concatenate(edge_mask)[order])
+            edge_dst = np.ascontiguousarray(np.concatenate(edge_dst)[order])
+        edge_off = np.zeros(n + 1, np.int32)
+        np.cumsum(counts, out=edge_off[1:])
         lists = list(classes_of_mask.values())
         mask_off = np.zeros(len(lists) + 1, np.int32)
         np.cumsum([len(c) for c in lists], out=mask_off[1:])

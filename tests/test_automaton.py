@@ -210,3 +210,46 @@ def test_an_active_deadline_stops_a_compile():
     # outside `active()` the same deadline does not apply
     assert fa.compile(fa.literal(b"ok")).matches(b"ok")
     assert fa.active_deadlines() == ()
+
+
+_CODE = {ord("a"): fa.literal(b"ab"), ord("b"): fa.literal(b"ac")}  # a prefix code whose first byte is mapped
+
+
+@settings(max_examples=80, deadline=None)
+@given(EXPRS, WORDS)
+def test_prefix_code_substitution_equals_the_subset_construction(expr_and_regex, words):
+    # spliced into the DFA directly (`_substituted`) vs built as NFA paths and determinised
+    expr = fa.substitute(expr_and_regex[0], _CODE)
+    direct = fa.compile(expr)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fa, "_prefix_code", lambda mapping: None)
+        fa.clear_compiled()
+        via_nfa = fa.compile(fa.substitute(expr_and_regex[0], _CODE))
+    fa.clear_compiled()
+    assert fa.compile(fa.difference(direct, via_nfa)).is_empty
+    assert fa.compile(fa.difference(via_nfa, direct)).is_empty
+    oracle = re.compile(expr_and_regex[1].encode())
+    for word in words:
+        assert direct.matches(word.replace(b"a", b"\0").replace(b"b", b"ac").replace(b"\0", b"ab")) == bool(oracle.fullmatch(word))
+
+
+def test_prefix_code_requires_literals_that_are_prefix_free_and_start_mapped():
+    lit = fa.literal
+    assert fa._prefix_code(((0x22, lit(b'\\"')), (0x5C, lit(b"\\\\")))) is not None  # JSON's escapes
+    assert fa._prefix_code(((ord("b"), lit(b"XY")),)) is None  # starts with an unmapped byte
+    assert fa._prefix_code(((ord("a"), lit(b"a")), (ord("b"), lit(b"ab")))) is None  # "a" is a prefix of "ab"
+    assert fa._prefix_code(((ord("a"), fa.repeat(lit(b"a"), 1, 2)),)) is None  # not a literal
+    assert fa._prefix_code(((ord("a"), fa.EMPTY),)) is None  # empty
+
+
+def test_json_string_escapes_spliced_into_a_dfa():
+    import json
+
+    from constrain import syntax
+
+    body = fa.repeat(fa.union(fa.byte_set([(0, 0x7F)]), fa.chars([(0xE9, 0xE9)])), 0, 3)
+    dfa = fa.compile(syntax.encode_string(body))
+    for text in ["", 'a"b', "\\", "\n\t\x01", "é\x1f", "\u007f"]:
+        assert dfa.matches(json.dumps(text, ensure_ascii=False).encode()), text
+    for raw in [b'"\n"', b'"a\\"', b'"\\u001F"', b'"\\/"', b'"abcd"']:
+        assert not dfa.matches(raw), raw
