@@ -14,7 +14,6 @@ import threading
 import time
 from collections import OrderedDict
 import itertools
-from itertools import chain
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -528,6 +527,7 @@ class _Nfa:
         # (suffix id, dst) -> the node a concatenation's remaining parts start from (see `_build`)
         self.suffix_ids: dict[tuple[int, int], int] = {}
         self.suffix_entries: dict[tuple[int, int], int] = {}
+        self.suffixes_of: dict[int, list[int]] = {}  # id(concatenation) -> the suffix id before each of its parts
         # embedded DFAs kept as arrays, `(first node, _edge_groups)`, for the native subset construction; None
         # without it (the Python one reads `edges` only)
         self.blocks: list[tuple[int, tuple]] | None = [] if _native.automata() is not None else None
@@ -561,29 +561,51 @@ class _Nfa:
         elif isinstance(expr, _Special):
             self.edges[src].append((1 << self.special_symbol[expr.symbol_id], dst))
         elif isinstance(expr, _Concat):
-            if not expr.parts:
+            parts = expr.parts
+            if not parts:
                 self.eps[src].append(dst)
                 return
             # The node before each suffix of the parts is shared by every concatenation that ends in the same
             # parts towards the same dst: `a x rest` and `b x rest` (an optional object member written with and
             # without its comma) build `x` once. A suffix is named by interned (id(part), id of the suffix after it).
-            parts = expr.parts
-            suffix = -1
-            before = [0] * len(parts)
-            for i in range(len(parts) - 1, 0, -1):
-                suffix = self.suffix_ids.setdefault((id(parts[i]), suffix), len(self.suffix_ids))
-                before[i] = suffix
+            before = self.suffixes_of.get(id(expr))
+            if before is None:
+                suffix = -1
+                before = [0] * len(parts)
+                for i in range(len(parts) - 1, 0, -1):
+                    suffix = self.suffix_ids.setdefault((id(parts[i]), suffix), len(self.suffix_ids))
+                    before[i] = suffix
+                self.suffixes_of[id(expr)] = before
+            eps, edges, entries = self.eps, self.edges, self.suffix_entries
+            fresh = 0
             cur = src
-            for i, part in enumerate(parts[:-1]):
+            for i in range(len(parts) - 1):
+                part = parts[i]
                 key = (before[i + 1], dst)
-                nxt = self.suffix_entries.get(key)
-                if nxt is not None:
+                nxt = entries.get(key)
+                shared = nxt is not None
+                if not shared:
+                    # a new node, inlined (a literal's bytes are most of an NFA's nodes)
+                    nxt = entries[key] = len(eps)
+                    eps.append([])
+                    edges.append([])
+                    fresh += 1
+                if type(part) is _Bytes:
+                    edges[cur].append((part.mask, nxt))
+                else:
                     self.build(part, cur, nxt)
-                    return
-                nxt = self.suffix_entries[key] = self.node()
-                self.build(part, cur, nxt)
+                if shared:
+                    break
                 cur = nxt
-            self.build(parts[-1], cur, dst)
+            else:
+                part = parts[-1]
+                if type(part) is _Bytes:
+                    edges[cur].append((part.mask, dst))
+                else:
+                    self.build(part, cur, dst)
+            if fresh:
+                self.budget.tick(fresh - 1)
+                self.budget.check(len(eps) // 4)
         elif isinstance(expr, _Union):
             for part in expr.parts:
                 self.build(part, src, dst)
@@ -775,36 +797,32 @@ def _substituted(dfa: Dfa, mapping: tuple[tuple[int, Expr], ...]) -> Dfa | None:
     return Dfa(table, accepting, new_class, dfa.specials, dfa.start)
 
 
-def _partition(masks: Iterable[int], n_symbols: int) -> tuple[list[int], dict[int, list[int]]]:
-    """Coarsest partition of the alphabet refining every mask; returns blocks and mask -> block ids."""
-    full = (1 << n_symbols) - 1
-    blocks = [full]
+def _partition(masks: Iterable[int], n_symbols: int) -> tuple[np.ndarray, int, dict[int, list[int]]]:
+    """Coarsest partition of the alphabet refining every mask: `(class_of symbol, n_classes, mask -> its classes)`.
+    A symbol's class is the set of masks it is in (one numpy pass over the distinct masks' bits)."""
     distinct = sorted(set(masks))
-    for m in distinct:
-        nxt = []
-        for b in blocks:
-            inside, outside = b & m, b & ~m
-            if inside and outside:
-                nxt.append(inside)
-                nxt.append(outside)
-            else:
-                nxt.append(b)
-        blocks = nxt
-    covers = {m: [i for i, b in enumerate(blocks) if b & m] for m in distinct}
-    return blocks, covers
+    if not distinct:
+        return np.zeros(n_symbols, np.int32), 1, {}
+    n_bytes = (n_symbols + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(n_bytes, "little") for m in distinct), np.uint8)
+    bits = np.unpackbits(raw.reshape(len(distinct), n_bytes), axis=1, bitorder="little")[:, :n_symbols]
+    signatures, class_of = _unique_rows(np.ascontiguousarray(bits.T))  # [class, mask]
+    which, cls = np.nonzero(signatures.T)  # per mask (ascending), the classes inside it
+    ends = np.searchsorted(which, np.arange(1, len(distinct) + 1)).tolist()
+    cls = cls.tolist()
+    covers, at = {}, 0
+    for m, end in zip(distinct, ends):
+        covers[m] = cls[at:end]
+        at = end
+    return class_of.astype(np.int32), len(signatures), covers
 
 
 def _determinise(nfa: _Nfa, start: int, final: int, budget: _Budget) -> Dfa:
     n_symbols = N_BYTES + len(nfa.specials)
-    block_masks = [m for _, groups in nfa.blocks or () for m in groups[3]]
-    blocks, covers = _partition(chain((m for edges in nfa.edges for m, _ in edges), block_masks), n_symbols)
-    n_classes = len(blocks)
-    class_of = np.zeros(n_symbols, np.int32)
-    for i, b in enumerate(blocks):
-        while b:
-            low = b & -b
-            class_of[low.bit_length() - 1] = i
-            b ^= low
+    masks = {m for edges in nfa.edges for m, _ in edges}
+    for _, groups in nfa.blocks or ():
+        masks.update(groups[3])
+    class_of, n_classes, covers = _partition(masks, n_symbols)
     eps = nfa.eps
     edges_of = nfa.edges
 
