@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -78,6 +79,12 @@ def _serve(args: argparse.Namespace) -> int:
              time.perf_counter() - t0, engine.native_format or "none (text only)",
              "constrained" if engine.constrained else "free (validated after generation)", args.max_queue,
              args.timeout)
+    # What start-up loaded (torch, transformers, the model, the vocabulary's tables) stays for the process's life: out
+    # of the collector's view, an oldest-generation collection -- set off by some request's allocations, inside its
+    # decoding step -- no longer walks it (110 ms with torch and transformers imported, 0.0 ms frozen). vLLM's engine
+    # core freezes its start-up heap the same way.
+    gc.collect()
+    gc.freeze()
     log.info("listening on http://%s:%d/v1", args.host, args.port)
     # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish for up to --shutdown-timeout s, cancels
     # the rest (a cancelled stream's generation is cancelled with it), then re-raises the signal: the process ends by it

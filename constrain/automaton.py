@@ -1432,20 +1432,42 @@ def _glue_all(parts: Sequence[_Glued], budget: _Budget) -> _Glued | None:
 
 def _repeated(body: _Glued, lo: int, hi: int | None, budget: _Budget) -> _Glued | None:
     """body{lo,hi} by gluing copies, or None when copies would overlap."""
-    empty = _Glued(np.full((1, body.table.shape[1]), -1, np.int32), np.ones(1, bool), 0)
     if hi is None:
         tail = _star(body)
-    else:
-        tail = empty
-        for _ in range(hi - lo):
-            tail = _glue(body, tail)
-            if tail is None:
-                return None
-            tail = _optional(tail)
-            budget.check(len(tail))
-    if tail is None:
-        return None
-    return _glue_all([body] * lo + [tail], budget)
+        return None if tail is None else _glue_all([body] * lo + [tail], budget)
+    if hi == 0:
+        return _Glued(np.full((1, body.table.shape[1]), -1, np.int32), np.ones(1, bool), 0)
+    table, s0 = body.table, body.start
+    n, k = table.shape
+    final = np.flatnonzero(body.accepting)
+    if ((table[final] >= 0) & (table[s0] >= 0)).any():
+        return None  # an accepting state continues with a class the body starts with
+    budget.check(hi * n + 1)
+    # hi copies side by side in one pass; the accepting states of copy c also step like copy c+1's start
+    offsets = (np.arange(hi, dtype=np.int32) * n)[:, None, None]
+    out = np.where(table[None] >= 0, table[None] + offsets, -1).reshape(hi * n, k)
+    if hi > 1:
+        ends = (np.arange(hi - 1)[:, None] * n + final[None, :]).ravel()
+        starts = np.repeat(np.arange(1, hi) * n + s0, len(final))
+        out[ends] = np.where(out[ends] >= 0, out[ends], out[starts])
+    accepting = np.zeros(hi * n, bool)
+    accepting[(np.arange(max(lo, 1) - 1, hi)[:, None] * n + final[None, :]).ravel()] = True
+    start = s0
+    if lo == 0 and not body.accepting[s0]:
+        # optional: a fresh accepting start stepping like copy 0's
+        out = np.concatenate([out, out[s0][None]])
+        accepting = np.append(accepting, True)
+        start = hi * n
+    # the copies' starts that nothing enters any more are dropped (each copy's other states are entered from the
+    # copy before it, as its start's targets are)
+    keep = np.zeros(len(out) + 1, bool)
+    keep[out.ravel()] = True  # -1 marks the extra last slot
+    keep = keep[:-1]
+    keep[start] = True
+    if keep.all():
+        return _Glued(out, accepting, start)
+    renumber = np.append(np.where(keep, np.cumsum(keep) - 1, -1), -1).astype(np.int32)
+    return _Glued(renumber[out[keep]], accepting[keep], int(renumber[start]))
 
 
 def _loop(x: _Glued, sep: _Glued) -> _Glued | None:

@@ -112,3 +112,19 @@ def test_an_empty_glued_language_stays_empty():
     with compose_from(1):
         assert fa.compile(fa.concat(fa.literal(b"x"), never, fa.repeat(fa.literal(b"yz"), 0))).is_empty
         assert fa.compile(fa.union(fa.concat(fa.literal(b"x"), never), fa.concat(fa.literal(b"y"), never))).is_empty
+
+
+@settings(max_examples=150, deadline=None)
+@given(EXPRS, st.integers(0, 4), st.integers(0, 5))
+def test_bounded_copies_glued_in_one_pass_equal_the_subset_construction(x, lo, extra):
+    """x{lo,lo+extra} with x closed by a byte it never starts with (so the copies glue, as a call object or an array
+    item does): every copy side by side in one numpy pass."""
+    body = fa.concat(fa.literal(b"("), x[0], fa.literal(b")"))
+    expr = fa.repeat(body, lo, lo + extra)
+    with compose_from(1):
+        glued = fa.compile(expr)
+    with compose_from(10**9):
+        whole = fa.compile(expr)
+    assert_trimmed(glued)
+    assert fa.compile(fa.difference(glued, whole)).is_empty
+    assert fa.compile(fa.difference(whole, glued)).is_empty
