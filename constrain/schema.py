@@ -11,6 +11,8 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
@@ -431,6 +433,17 @@ def _desugar(schema: dict, pointer: str) -> dict:
     return {**out, "allOf": [*out.get("allOf", []), *parts]} if isinstance(out.get("allOf", []), list) else out
 
 
+def _common_multiple(a: int | float, b: int | float) -> int | float:
+    """The least x that both multipleOf values divide: the values that are multiples of both are exactly x's
+    multiples (for p1/q1 and p2/q2 in lowest terms, x = lcm(p1, p2) / gcd(q1, q2)), in the decimals the schema
+    wrote (0.01 and 0.025 give 0.05). JSON numbers are decimals, so x is one too."""
+    from constrain.numbers import _written
+
+    wa, wb = _written(a), _written(b)
+    x = Fraction(math.lcm(wa.numerator, wb.numerator), math.gcd(wa.denominator, wb.denominator))
+    return x.numerator if x.denominator == 1 else float(Decimal(x.numerator) / Decimal(x.denominator))
+
+
 class _Compiler:
     def __init__(self, root: Any, opts: SchemaOptions, pointer: str):
         self.root = root
@@ -677,8 +690,9 @@ class _Compiler:
                 out.setdefault("_patterns", []).append((bv, where))
             elif key == "format":
                 out.setdefault("_formats", []).append((bv, where))
-            elif key == "multipleOf" and float(av).is_integer() and float(bv).is_integer():
-                out[key] = math.lcm(int(av), int(bv))
+            elif key == "multipleOf" and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                             for v in (av, bv)):
+                out[key] = _common_multiple(av, bv)
             else:
                 raise UnsupportedSchema(f"cannot merge two different '{key}' values in allOf", pointer=where)
         if "properties" in a and "properties" in b or "additionalProperties" in a or "additionalProperties" in b:

@@ -510,3 +510,19 @@ def test_largest_part_names_the_keyword_that_holds_most_states():
     small = compile_schema({"type": "object", "properties": {"v": {"type": "string"}, "w": {"type": "integer"}}},
                            pointer="/tools/0/function/parameters", whitespace="compact")
     assert small.largest == "/tools/0/function/parameters"
+
+
+@pytest.mark.parametrize(
+    "parts,good,bad",
+    [
+        ([{"type": "integer", "multipleOf": 4}, {"multipleOf": 6}], ["0", "12", "-36"], ["4", "6", "8"]),
+        ([{"type": "number", "multipleOf": 0.001}, {"multipleOf": 0.01}], ["0.05", "1.23", "-4"], ["0.005", "1.234"]),
+        ([{"type": "number", "multipleOf": 0.5}, {"multipleOf": 3}], ["0", "3", "6", "-9"], ["0.5", "1.5", "4"]),
+    ],
+)
+def test_all_of_multiple_of_values_merge_to_their_least_common_multiple(parts, good, bad):
+    dfa = compile_schema({"allOf": parts}).dfa
+    for text in good:
+        assert dfa.matches(text.encode()), text
+    for text in bad:
+        assert not dfa.matches(text.encode()), text
