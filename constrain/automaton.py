@@ -10,10 +10,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import hashlib
+import itertools
 import threading
 import time
 from collections import OrderedDict
-import itertools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
