@@ -211,21 +211,27 @@ static inline int det_tick(det_ctx *c, int64_t units) {
     return det_limits(c);
 }
 
+/* Room in a result for its state n: the transition rows and acceptance flags double (out->cap with them) when full.
+   0 when out of memory. */
+static int result_grow(det_result *out, int64_t n) {
+    if (n < out->cap) return 1;
+    int64_t cap = out->cap ? out->cap * 2 : 256;
+    int32_t *tr = (int32_t *)realloc(out->trans, (size_t)cap * (size_t)out->n_classes * sizeof(int32_t) + 4);
+    if (!tr) return 0;
+    out->trans = tr;
+    uint8_t *acc = (uint8_t *)realloc(out->acc, (size_t)cap + 1);
+    if (!acc) return 0;
+    out->acc = acc;
+    out->cap = cap;
+    return 1;
+}
+
 static int det_new_state(det_ctx *c, const int32_t *members, int64_t n, uint64_t h, int64_t where, int accepting,
                          int32_t *id_out) {
     det_result *o = c->out;
     int64_t id = o->n_states;
     if (id > c->max_states) return DET_STATES;
-    if (id == o->cap) {
-        int64_t cap = o->cap ? o->cap * 2 : 256;
-        int32_t *tr = (int32_t *)realloc(o->trans, (size_t)cap * (size_t)o->n_classes * sizeof(int32_t));
-        if (!tr) return DET_NOMEM;
-        o->trans = tr;
-        uint8_t *acc = (uint8_t *)realloc(o->acc, (size_t)cap);
-        if (!acc) return DET_NOMEM;
-        o->acc = acc;
-        o->cap = cap;
-    }
+    if (!result_grow(o, id)) return DET_NOMEM;
     memset(o->trans + id * o->n_classes, 0xFF, (size_t)o->n_classes * sizeof(int32_t));
     o->acc[id] = (uint8_t)accepting;
     o->n_states = id + 1;
@@ -940,82 +946,47 @@ void *constrain_product(int32_t na, int32_t ka, const int32_t *ta, const uint8_t
     det_ctx c;
     det_result *out = pass_begin(nc, &c, deadline, cancel, n_cancel);
     if (!out) { *status = DET_NOMEM; return NULL; }
-    int64_t n_slot = 1024, n = 0, cap = 0;
-    int64_t *keys = (int64_t *)malloc((size_t)n_slot * sizeof(int64_t));
-    int32_t *vals = (int32_t *)malloc((size_t)n_slot * sizeof(int32_t));
+    idmap m = {0};
     int32_t *pair_a = NULL, *pair_b = NULL;
+    int64_t n = 0;
     int rc = DET_NOMEM;
-    if (!keys || !vals) goto done;
-    for (int64_t i = 0; i < n_slot; i++) keys[i] = -1;
     const int64_t width = (int64_t)nb + 1;
-#define PAIR_ID(x, y, id_out)                                                                               \
-    do {                                                                                                    \
-        int64_t key_ = ((int64_t)(x) + 1) * width + ((int64_t)(y) + 1);                                     \
-        uint64_t h_ = (uint64_t)key_ * 0x9E3779B97F4A7C15ull;                                               \
-        int64_t at_ = (int64_t)(h_ >> 20) & (n_slot - 1);                                                   \
-        while (keys[at_] >= 0 && keys[at_] != key_) at_ = (at_ + 1) & (n_slot - 1);                         \
-        if (keys[at_] == key_) { id_out = vals[at_]; break; }                                               \
-        if (n > max_states) { rc = DET_STATES; goto done; }                                                 \
-        if (n == cap) {                                                                                     \
-            int64_t cap2 = cap ? cap * 2 : 256;                                                             \
-            int32_t *tr = (int32_t *)realloc(out->trans, (size_t)cap2 * (size_t)nc * sizeof(int32_t) + 4);  \
-            if (!tr) goto done;                                                                             \
-            out->trans = tr;                                                                                \
-            uint8_t *ac = (uint8_t *)realloc(out->acc, (size_t)cap2 + 1);                                   \
-            if (!ac) goto done;                                                                             \
-            out->acc = ac;                                                                                  \
-            int32_t *p1 = (int32_t *)realloc(pair_a, (size_t)cap2 * sizeof(int32_t));                       \
-            if (!p1) goto done;                                                                             \
-            pair_a = p1;                                                                                    \
-            int32_t *p2 = (int32_t *)realloc(pair_b, (size_t)cap2 * sizeof(int32_t));                       \
-            if (!p2) goto done;                                                                             \
-            pair_b = p2;                                                                                    \
-            cap = cap2;                                                                                     \
-        }                                                                                                   \
-        keys[at_] = key_;                                                                                   \
-        vals[at_] = (int32_t)n;                                                                             \
-        pair_a[n] = (x);                                                                                    \
-        pair_b[n] = (y);                                                                                    \
-        id_out = (int32_t)n++;                                                                              \
-        if (n * 2 > n_slot) {                                                                               \
-            int64_t n_slot2 = n_slot * 2;                                                                   \
-            int64_t *k2 = (int64_t *)malloc((size_t)n_slot2 * sizeof(int64_t));                             \
-            int32_t *v2 = (int32_t *)malloc((size_t)n_slot2 * sizeof(int32_t));                             \
-            if (!k2 || !v2) { free(k2); free(v2); goto done; }                                              \
-            for (int64_t q = 0; q < n_slot2; q++) k2[q] = -1;                                               \
-            for (int64_t q = 0; q < n_slot; q++) {                                                          \
-                if (keys[q] < 0) continue;                                                                  \
-                uint64_t hq = (uint64_t)keys[q] * 0x9E3779B97F4A7C15ull;                                    \
-                int64_t aq = (int64_t)(hq >> 20) & (n_slot2 - 1);                                           \
-                while (k2[aq] >= 0) aq = (aq + 1) & (n_slot2 - 1);                                          \
-                k2[aq] = keys[q];                                                                           \
-                v2[aq] = vals[q];                                                                           \
-            }                                                                                               \
-            free(keys); free(vals);                                                                         \
-            keys = k2; vals = v2; n_slot = n_slot2;                                                         \
-        }                                                                                                   \
-    } while (0)
-    int32_t id;
-    PAIR_ID(a_start, b_start, id);
-    for (int64_t s = 0; s < n; s++) {
-        if ((rc = det_tick(&c, 1))) goto done;
-        int32_t x = pair_a[s], y = pair_b[s];
-        for (int32_t q = 0; q < nc; q++) {
-            int32_t tx = pa[q] >= 0 ? ta[(int64_t)x * ka + pa[q]] : -1;
-            int32_t ty = (y >= 0 && pb[q] >= 0) ? tb[(int64_t)y * kb + pb[q]] : -1;
-            int32_t j = -1;
-            if (tx >= 0 && !(keep_b && ty < 0)) PAIR_ID(tx, ty, j);
-            out->trans[s * nc + q] = j;
+    if (!idmap_init(&m)) goto done;
+    /* s = -1 adds the start pair; each later s adds the pairs its classes reach */
+    for (int64_t s = -1; s < n; s++) {
+        if (s >= 0 && (rc = det_tick(&c, 1))) goto done;
+        int32_t x = s < 0 ? -1 : pair_a[s], y = s < 0 ? -1 : pair_b[s];
+        for (int32_t q = 0; q < (s < 0 ? 1 : nc); q++) {
+            int32_t tx = s < 0 ? a_start : pa[q] >= 0 ? ta[(int64_t)x * ka + pa[q]] : -1;
+            int32_t ty = s < 0 ? b_start : (y >= 0 && pb[q] >= 0) ? tb[(int64_t)y * kb + pb[q]] : -1;
+            int32_t id = -1;
+            if (s < 0 || (tx >= 0 && !(keep_b && ty < 0))) {
+                id = idmap_get_or_add(&m, ((int64_t)tx + 1) * width + ((int64_t)ty + 1), (int32_t)n);
+                if (id == -2) { rc = DET_NOMEM; goto done; }
+                if (id == -1) {
+                    if (n > max_states) { rc = DET_STATES; goto done; }
+                    if (n == out->cap) {  /* the pairs grow with the result */
+                        if (!result_grow(out, n)) { rc = DET_NOMEM; goto done; }
+                        int32_t *p1 = (int32_t *)realloc(pair_a, (size_t)out->cap * sizeof(int32_t));
+                        if (p1) pair_a = p1;
+                        int32_t *p2 = p1 ? (int32_t *)realloc(pair_b, (size_t)out->cap * sizeof(int32_t)) : NULL;
+                        if (!p2) { rc = DET_NOMEM; goto done; }
+                        pair_b = p2;
+                    }
+                    pair_a[n] = tx;
+                    pair_b[n] = ty;
+                    int yb = ty >= 0 && acc_b[ty];
+                    out->acc[n] = acc_a[tx] && (keep_b ? yb : !yb);
+                    id = (int32_t)n++;
+                }
+            }
+            if (s >= 0) out->trans[s * nc + q] = id;
         }
-        int ya = y >= 0 && acc_b[y];
-        out->acc[s] = acc_a[x] && (keep_b ? ya : !ya);
     }
-#undef PAIR_ID
     out->n_states = n;
-    out->cap = cap;
     rc = DET_OK;
 done:
-    free(keys); free(vals); free(pair_a); free(pair_b);
+    free(m.keys); free(m.vals); free(pair_a); free(pair_b);
     *status = rc;
     return out;
 }
@@ -1047,7 +1018,7 @@ void *constrain_length_product(int32_t n, int32_t k, const int32_t *succ, const 
     if (!out) { *status = DET_NOMEM; return NULL; }
     idmap m = {0};
     int32_t *at_q = NULL;
-    int64_t *at_c = NULL, cap = 0, count = 0;
+    int64_t *at_c = NULL, count = 0;
     int rc = DET_NOMEM;
     const int64_t top = has_hi ? hi : (int64_t)1 << 60;
     const int64_t width = (has_hi ? hi : lo) + 2;  /* counts -1 (saturated) .. max(lo, hi) */
@@ -1064,21 +1035,16 @@ void *constrain_length_product(int32_t n, int32_t k, const int32_t *succ, const 
             int32_t id = -1;
             if (ct != LP_NONE) {
                 id = idmap_get_or_add(&m, (int64_t)t * width + ct + 1, (int32_t)count);
-                if (id == -2) goto done;
+                if (id == -2) { rc = DET_NOMEM; goto done; }  /* (rc holds det_tick's DET_OK by now) */
                 if (id == -1) {
                     if (count >= max_states) { rc = DET_STATES; goto done; }
-                    if (count == cap) {
-                        int64_t cap2 = cap ? cap * 2 : 256;
-                        int32_t *tr = (int32_t *)realloc(out->trans, (size_t)cap2 * (size_t)k * sizeof(int32_t) + 4);
-                        uint8_t *ac = tr ? (uint8_t *)realloc(out->acc, (size_t)cap2 + 1) : NULL;
-                        int32_t *q2 = ac ? (int32_t *)realloc(at_q, (size_t)cap2 * sizeof(int32_t)) : NULL;
-                        int64_t *c2 = q2 ? (int64_t *)realloc(at_c, (size_t)cap2 * sizeof(int64_t)) : NULL;
-                        if (tr) out->trans = tr;
-                        if (ac) out->acc = ac;
+                    if (count == out->cap) {  /* the (q, c) arrays grow with the result */
+                        if (!result_grow(out, count)) { rc = DET_NOMEM; goto done; }
+                        int32_t *q2 = (int32_t *)realloc(at_q, (size_t)out->cap * sizeof(int32_t));
                         if (q2) at_q = q2;
-                        if (!c2) goto done;
+                        int64_t *c2 = q2 ? (int64_t *)realloc(at_c, (size_t)out->cap * sizeof(int64_t)) : NULL;
+                        if (!c2) { rc = DET_NOMEM; goto done; }
                         at_c = c2;
-                        cap = cap2;
                     }
                     at_q[count] = t;
                     at_c[count] = ct;
@@ -1090,7 +1056,6 @@ void *constrain_length_product(int32_t n, int32_t k, const int32_t *succ, const 
         }
     }
     out->n_states = count;
-    out->cap = cap;
     rc = DET_OK;
 done:
     free(m.keys); free(m.vals); free(at_q); free(at_c);
@@ -1184,7 +1149,7 @@ class NativeAutomata:
         edge_mask = np.fromiter((mask_id[m] for m, _ in flat), np.int32, len(flat))
         edge_dst = np.fromiter((t for _, t in flat), np.int32, len(flat))
         if blocks:
-            # each block's groups appended after the listed edges, then every edge ordered by its source node
+            # each block's transitions appended after the listed edges, then every edge ordered by its source node
             edge_src = [np.repeat(np.arange(n, dtype=np.int32), counts)]
             edge_mask, edge_dst = [edge_mask], [edge_dst]
             for base, (src, dst, label, masks) in blocks:
@@ -1192,10 +1157,11 @@ class NativeAutomata:
                 edge_src.append(src + np.int32(base))
                 edge_dst.append(dst + np.int32(base))
                 edge_mask.append(ids[label])
-                counts += np.bincount(src + base, minlength=n)
-            order = np.argsort(np.concatenate(edge_src), kind="stable")
+            sources = np.concatenate(edge_src)
+            order = np.argsort(sources, kind="stable")
             edge_mask = np.ascontiguousarray(np.concatenate(edge_mask)[order])
             edge_dst = np.ascontiguousarray(np.concatenate(edge_dst)[order])
+            counts = np.bincount(sources, minlength=n)
         edge_off = np.zeros(n + 1, np.int32)
         np.cumsum(counts, out=edge_off[1:])
         lists = list(classes_of_mask.values())
