@@ -675,10 +675,7 @@ class _Nfa:
                         self.eps[s] = []
                     if type(self.edges[s]) is tuple:
                         self.edges[s] = []
-                    while mask:
-                        low = mask & -mask
-                        self.build(mapping[low.bit_length() - 1], s, t)
-                        mask ^= low
+                    self._build_mapped(mapping, mask, s, t)
                 masks = [m & ~mapped_mask for m in masks]
             self.blocks.append((base, (src_of, dst_of, label, masks)))
             self.eps[src].append(base + dfa.start)
@@ -690,17 +687,20 @@ class _Nfa:
             edges = self.edges[base + s]
             for mask, t in row:
                 if mask & mapped_mask:
-                    bits = mask & mapped_mask
-                    while bits:
-                        low = bits & -bits
-                        self.build(mapping[low.bit_length() - 1], base + s, base + t)
-                        bits ^= low
+                    self._build_mapped(mapping, mask & mapped_mask, base + s, base + t)
                     mask &= ~mapped_mask
                 if mask:
                     edges.append((mask, base + t))
         for s in np.flatnonzero(dfa.accepting).tolist():
             self.eps[base + s].append(dst)
         self.eps[src].append(base + dfa.start)
+
+    def _build_mapped(self, mapping: dict[int, Expr], bits: int, src: int, dst: int) -> None:
+        """From src to dst, a path spelling `mapping[b]` for each byte b in the mask `bits`."""
+        while bits:
+            low = bits & -bits
+            self.build(mapping[low.bit_length() - 1], src, dst)
+            bits ^= low
 
 
 def _literal_bytes(expr: Expr) -> bytes | None:
@@ -749,15 +749,15 @@ def _prefix_code(mapping: tuple[tuple[int, Expr], ...]) -> tuple[list[dict[int, 
     return code
 
 
-def _substituted(dfa: Dfa, mapping: tuple[tuple[int, Expr], ...]) -> Dfa | None:
+def _substituted(dfa: Dfa, code: tuple[list[dict[int, int]], dict[int, int]]) -> Dfa:
     """`dfa` with every mapped byte's transition replaced by a path spelling its replacement, built directly (no
-    subset construction) when the replacements are a prefix code (`_prefix_code`), else None. From each state the
-    replacements it uses share their prefixes: one copy of the code's trie per state, cut to the live leaves. The
-    result is deterministic and trimmed, not minimised."""
-    code = _prefix_code(mapping)
-    if code is None or dfa.is_empty:
-        return None if code is None else dfa
+    subset construction) from the replacements' prefix code (`_prefix_code`). From each state the replacements it
+    uses share their prefixes: one copy of the code's trie per state, cut to the live leaves. The result is
+    deterministic and trimmed, not minimised."""
+    if dfa.is_empty:
+        return dfa
     children, leaf_of = code
+    mapped = sorted(leaf_of.values())
     n, trans, class_of = dfa.n_states, dfa.transitions, dfa.class_of
     target = {u: trans[:, class_of[b]] for u, b in leaf_of.items()}  # per leaf: each state's target, -1 none
     bfs = [0]
@@ -777,7 +777,7 @@ def _substituted(dfa: Dfa, mapping: tuple[tuple[int, Expr], ...]) -> Dfa | None:
             copy[u] = ids
             n_total += len(live)
     # classes: every byte a replacement reads, or that is mapped, gets its own
-    own = sorted({b for b, _ in mapping} | {x for c in children for x in c})
+    own = sorted(set(mapped) | {x for c in children for x in c})
     key = class_of.astype(np.int64)
     key[own] = dfa.n_classes + np.arange(len(own))
     _, new_class = np.unique(key, return_inverse=True)
@@ -786,7 +786,7 @@ def _substituted(dfa: Dfa, mapping: tuple[tuple[int, Expr], ...]) -> Dfa | None:
     old_class[new_class] = class_of
     table = np.full((n_total, len(old_class)), -1, np.int32)
     table[:n] = trans[:, old_class]
-    table[:n, new_class[[b for b, _ in mapping]]] = -1
+    table[:n, new_class[mapped]] = -1
     for u, rows in copy.items():
         for x, v in children[u].items():
             dest = target[v] if v in leaf_of else copy[v]
@@ -1807,8 +1807,8 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 isinstance(expr, _Concat) and all(isinstance(p, _Bytes) for p in expr.parts)
             ):
                 dfa = _chain((expr,) if isinstance(expr, _Bytes) else expr.parts, budget)
-            elif isinstance(expr, _Substitute) and _prefix_code(expr.mapping) is not None:
-                dfa = _substituted(_compile(expr.body, budget, memo), expr.mapping)
+            elif isinstance(expr, _Substitute) and (code := _prefix_code(expr.mapping)) is not None:
+                dfa = _substituted(_compile(expr.body, budget, memo), code)
                 budget.check(dfa.n_states)
                 if dfa.n_states <= _MINIMISE_GLUED_MAX:
                     dfa = _minimal(dfa, budget)

@@ -145,9 +145,10 @@ class TokenIndex:
     states two tokens ahead with the numpy walks) and deduplicated, so equal masks share one row of `mask_table()`.
     With the C walk, a DFA of at most 1,024 states has its rows filled at construction (within 5 ms).
     With the C walk, a wide state (string content: most of the trie live, a 0.3-1 ms walk) takes its mask from an
-    earlier wide state of the same index when the two keep the same byte strings live up to the longest token, but
-    for strings through a few bytes (the closing quote, typically): those tokens alone are walked (see
-    `native.TrieWalker`; exact, checked against the full walk in tests/test_native.py).
+    earlier wide state of the same index, or from the vocabulary's reference masks (`references`), when the two keep
+    the same byte strings live up to the longest token, but for strings through a few bytes (the closing quote,
+    typically): those tokens alone are walked (see `native.TrieWalker`; exact, checked against the full walk in
+    tests/test_native.py).
 
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).
@@ -950,26 +951,26 @@ class TokenState:
         if not 0 <= t < idx._n_tokens:
             self._violation(t, f"id outside the tokenizer's {idx._n_tokens} tokens")
         s = self._state
+        tr, k = idx._tr_view, idx._n_classes
         cls = idx._special_cls.get(t)
-        if cls is not None:
-            nxt = idx._tr_view[s * idx._n_classes + cls]
-            if nxt >= 0 and (budget is None or self._fits(nxt, budget)):
-                self._state = nxt
-                return
+        nxt = -1 if cls is None else tr[s * k + cls]  # the grammar-named symbol's transition, -1 for none
+        if nxt >= 0 and (budget is None or self._fits(nxt, budget)):
+            self._state = nxt
+            return
         if t in idx._eos_set:
             if idx._acc_list[s]:
                 self._finished = True
                 return
-            if cls is None or idx._tr_view[s * idx._n_classes + cls] < 0:
+            if nxt < 0:
                 self._violation(t, "EOS in a non-accepting state")
-        if cls is not None and idx._tr_view[s * idx._n_classes + cls] >= 0:
-            self._over_budget(t, idx._tr_view[s * idx._n_classes + cls], budget)
+        if nxt >= 0:
+            self._over_budget(t, nxt, budget)
         if t in idx._non_byte:
             self._violation(t, "a special token that the grammar does not allow here")
         data = idx._vocab.token_bytes[t]
         if not data:
             self._violation(t, "a token without bytes (an unused slot)")
-        tr, cl, k = idx._tr_view, idx._cls_list, idx._n_classes
+        cl = idx._cls_list
         for b in data:
             s = tr[s * k + cl[b]]
             if s < 0:
