@@ -29,19 +29,24 @@ _BATCH_STATES = 256
 # Without the native walk, a lazy miss also fills the rows of the structural states up to _AHEAD_LEVELS tokens after
 # it (breadth-first, at most _AHEAD_STATES, one batched walk per level), so a sequence misses about once every few
 # tokens instead of at every state it has not seen (a numpy walk costs ~50 us even for a state with one live token).
-# With the C walk (1-3 us for a structural state) a miss fills only _NATIVE_AHEAD of the structural states its tokens
-# lead to: 32 ahead made every miss cost ~200 us (bench_engine.py cold p99, Llama 3: hermes_1tool 208 us); none ahead
-# gave the best p99 (9-24 us) but most replay steps were misses (Qwen3/Gemma 4 structural workloads p50 2.9-5.5 us,
-# xgrammar 2-3 us); two ahead (Qwen3/Gemma 4): p50 1.2-2.4 us, p99 22-40 us.
+# The C walk fills the structural states' rows at construction instead (`_prefill_structural`); a miss there is a
+# wider state, walked alone.
 _AHEAD_LEVELS = 2
 _AHEAD_STATES = 32
-_NATIVE_AHEAD = 2
 
 # A lazy index over at most _PREFILL_STATES states fills every row at construction with the C walk, for at most
 # _PREFILL_S seconds (states in breadth-first order; the rest stay lazy): a small grammar then never waits on a walk
 # while decoding (bench_engine.py, Qwen3: hermes_1tool, 146 states, ~1.5 ms; required_10, 573 states, ~3 ms).
 _PREFILL_STATES = 1024
 _PREFILL_S = 0.005
+
+# Before that, every lazy index with the C walk fills in one C call the rows of the states that at most
+# _BATCH_MAX_FIRST first bytes and at most _PREFILL_LIVE trie nodes keep live (structural states: a decoding step
+# through them then never misses; bench_engine.py cold p99, Qwen3: required_20 20 -> 2.6 us, parallel_1to5_of_5
+# 19 -> 2.4 us). Measured cost of that call (Llama 3): 128 nodes 0.6-3 ms (required_50, 3,801 states: ~2.8 ms);
+# 256 adds up to 2 ms (send_email_to_array), 4,096 up to 20 ms (nested_table). Llama 3's number states (its 1,110
+# number tokens keep ~1,100 nodes live) stay lazy.
+_PREFILL_LIVE = 128
 
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
@@ -180,8 +185,10 @@ class TokenIndex:
         self._budget_init(None)
         if self._eager:
             self._fill_all()
-        elif self._walker is not None and self._n_states <= _PREFILL_STATES:
-            self._prefill()
+        elif self._walker is not None:
+            self._prefill_structural()
+            if self._n_states <= _PREFILL_STATES:
+                self._prefill()
 
     # ---- construction helpers
 
@@ -335,9 +342,7 @@ class TokenIndex:
         if state == self._n_states:
             return row_of[state]  # the finished pseudo-state's row is made at construction
         if self._walker is not None:
-            row, dests = self._native_row(state)
-            self._fill_ahead_native(dests)
-            return row
+            return self._native_row(state)[0]
         walk = self._walk(state)
         mask = self._compute_mask(state, walk)
         with self._lock:
@@ -444,6 +449,49 @@ class TokenIndex:
     def _fill_all(self) -> None:
         # The min_tokens table walks every state and fills each missing row on the way: eager costs one walk per state.
         self._budget_tables()
+
+    def _prefill_structural(self) -> None:
+        """Fill the rows of every state whose walk keeps at most `_PREFILL_LIVE` trie nodes live, in one C call."""
+        states = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0).astype(np.int32)
+        local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE)
+        n_uniq = off.shape[0] - 1
+        if not n_uniq:
+            return
+        with self._lock:
+            row_key, rows = self._row_key, self._rows
+            row_of_u = np.empty(n_uniq, np.int64)
+            new: list[int] = []
+            dense: list[int] = []  # the distinct masks with more nonzero words than a sparse key holds
+            blob, bounds = data.tobytes(), (4 * off).tolist()
+            for u in range(n_uniq):
+                lo, hi = bounds[u], bounds[u + 1]
+                if hi - lo > 8 * _native.SPARSE_MAX:
+                    dense.append(u)
+                    continue
+                key = b"s" + blob[lo:hi]
+                r = row_key.get(key)
+                if r is None:
+                    r = row_key[key] = len(rows) + len(new)
+                    new.append(u)
+                row_of_u[u] = r
+            if new:
+                new_arr = np.asarray(new)
+                lens = (off[new_arr + 1] - off[new_arr]) // 2
+                starts = np.repeat(off[new_arr] - np.concatenate([[0], 2 * lens.cumsum()[:-1]]), 2 * lens)
+                pairs = data[np.arange(int(2 * lens.sum())) + starts].reshape(-1, 2)
+                table = np.zeros((len(new), self._n_words), np.int32)
+                table[np.repeat(np.arange(len(new)), lens), pairs[:, 0]] = pairs[:, 1]
+                table.flags.writeable = False
+                rows.extend(table)
+            for u in dense:
+                words = np.zeros(self._n_words, np.int32)
+                pairs = data[off[u] : off[u + 1]].reshape(-1, 2)
+                words[pairs[:, 0]] = pairs[:, 1]
+                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
+            done = local >= 0
+            row_of = np.asarray(self._row_of, np.int64)
+            row_of[states[done]] = row_of_u[local[done]]
+            self._row_of = row_of.tolist()
 
     def _prefill(self) -> None:
         stop = time.perf_counter() + _PREFILL_S
@@ -663,18 +711,6 @@ class TokenIndex:
             if left <= 0:
                 return
             frontier = np.unique(np.concatenate(dests)) if dests else np.zeros(0, np.intp)
-
-    def _fill_ahead_native(self, dests: np.ndarray) -> None:
-        """Fill the missing rows of up to _NATIVE_AHEAD structural states among `dests` (one C walk each)."""
-        left = _NATIVE_AHEAD
-        row_of, walker = self._row_of, self._walker
-        for d in dests.tolist():
-            if left == 0:
-                return
-            if row_of[d] >= 0 or walker.first_live(d) > _BATCH_MAX_FIRST:
-                continue
-            self._native_row(d)
-            left -= 1
 
     def _native_row(self, state: int) -> tuple[int, np.ndarray]:
         """Fill `state`'s row with the C walk (or as a remembered state's row, see `native.TrieWalker`); returns the

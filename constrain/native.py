@@ -522,21 +522,68 @@ enum { X_ON_PATH = 1, X_BELOW = 2 };
         }                                                                                           \
     } while (0)
 
+/* Children are visited by jumping to each live byte's child (a binary search in the node's children, which are
+   sorted by byte) instead of reading every child, when the node has at least JUMP_MIN children and the DFA state
+   keeps at most one byte in JUMP_RATIO of that many live (a structural state: a quote, a key's next letter). */
+enum { JUMP_MIN = 16, JUMP_RATIO = 8 };
+
+/* The bytes (at most `most`) that keep `row` (one DFA state's transitions) live, written to `out`; -1 when more.
+   `cls_off`/`cls_bytes`: the bytes of each class, class by class. */
+static int32_t live_bytes(const int32_t *row, int32_t k, const int32_t *cls_off, const uint8_t *cls_bytes,
+                          int32_t most, uint8_t *out) {
+    int32_t n = 0;
+    for (int32_t c = 0; c < k; c++) {
+        if (row[c] < 0) continue;
+        int32_t m = cls_off[c + 1] - cls_off[c];
+        if (n + m > most) return -1;
+        memcpy(out + n, cls_bytes + cls_off[c], (size_t)m);
+        n += m;
+    }
+    return n;
+}
+
+/* The child of the node whose children are `lo .. hi - 1` that reads byte `b`, or -1. */
+static inline int32_t child_by_byte(const uint8_t *node_byte, int32_t lo, int32_t hi, uint8_t b) {
+    int32_t end = hi;
+    while (lo < hi) {
+        int32_t mid = lo + ((hi - lo) >> 1);
+        if (node_byte[mid] < b) lo = mid + 1; else hi = mid;
+    }
+    return lo < end && node_byte[lo] == b ? lo : -1;
+}
+
 static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, const int32_t *child_start,
                     const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
                     const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
                     int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
                     int32_t n_first, int32_t max_depth, int32_t state, const uint8_t *flags, int stop_after,
-                    uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests) {
-    int32_t *cur = (int32_t *)malloc((size_t)(max_depth + 1) * 3 * sizeof(int32_t));
+                    uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests,
+                    const uint8_t *node_byte, const int32_t *cls_off, const uint8_t *cls_bytes) {
+    /* per depth: the next child and the end of the run (or, jumping: the run's start, its end, the next of the
+       `n_jump` live bytes in `jump`), and the DFA state the run is read from */
+    size_t d1 = (size_t)(max_depth + 1);
+    int32_t *cur = (int32_t *)malloc(d1 * (5 * sizeof(int32_t) + 256));
     if (!cur) return -1;
-    int32_t *end = cur + (max_depth + 1), *from = end + (max_depth + 1);
+    int32_t *end = cur + d1, *from = end + d1, *n_jump = from + d1, *at_jump = n_jump + d1;
+    uint8_t *jump = (uint8_t *)(at_jump + d1);
     int64_t live = 0;
     int32_t depth = 0;
     cur[0] = 0; end[0] = n_first; from[0] = state;
+    n_jump[0] = n_first >= JUMP_MIN ? live_bytes(tflat + (int64_t)state * k, k, cls_off, cls_bytes,
+                                                 n_first / JUMP_RATIO, jump) : -1;
+    at_jump[0] = 0;
     while (depth >= 0) {
-        if (cur[depth] == end[depth]) { depth--; continue; }
-        int32_t node = cur[depth]++;
+        int32_t node;
+        if (n_jump[depth] >= 0) {
+            node = -1;
+            const uint8_t *jb = jump + (size_t)depth * 256;
+            while (node < 0 && at_jump[depth] < n_jump[depth])
+                node = child_by_byte(node_byte, cur[depth], end[depth], jb[at_jump[depth]++]);
+            if (node < 0) { depth--; continue; }
+        } else {
+            if (cur[depth] == end[depth]) { depth--; continue; }
+            node = cur[depth]++;
+        }
         if (flags && !(flags[node] & X_BELOW)) continue;
         int32_t s = tflat[(int64_t)from[depth] * k + node_cls[node]];
         if (s < 0) continue;
@@ -556,6 +603,9 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
             cur[depth] = child_start[node];
             end[depth] = child_start[node] + cc;
             from[depth] = s;
+            n_jump[depth] = cc >= JUMP_MIN ? live_bytes(tflat + (int64_t)s * k, k, cls_off, cls_bytes,
+                                                        cc / JUMP_RATIO, jump + (size_t)depth * 256) : -1;
+            at_jump[depth] = 0;
         }
     }
     free(cur);
@@ -585,7 +635,9 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
    twenty), the EOS and special-token bits added, and the mask's canonical sparse form.
    a = {tflat, k, node_cls, child_start, child_count, term_start, term_count, term_tokens, parent, term_node, n_nodes,
         n_terms, dense_after, n_first, max_depth, n_words, accepting (uint8 per state), n_eos, eos ids,
-        n_specials, special ids, special classes}, addresses as integers.
+        n_specials, special ids, special classes, share_after, first-byte subtree sizes, wide_nodes, node_byte,
+        cls_off, cls_bytes}, addresses as integers (`cls_off`, int32 [k + 1], and `cls_bytes`, uint8 [256]: the
+        bytes of each class, class by class).
    Zeroes `words` first. `sparse` (when not NULL) receives the count of nonzero words, or -1 when more than
    `sparse_max`, then each nonzero word's index and value. */
 #define P(i) ((const int32_t *)(intptr_t)a[i])
@@ -623,10 +675,60 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
     }
     int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
                         node_state, share ? a[22] : a[12], (int32_t)a[13], (int32_t)a[14], state, NULL, share,
-                        words, seen, tok_state, touched, dests);
+                        words, seen, tok_state, touched, dests, (const uint8_t *)(intptr_t)a[25], P(26),
+                        (const uint8_t *)(intptr_t)a[27]);
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
+}
+
+/* The masks of `states[0 .. n)` in one call, each walked depth first while at most `live_max` trie nodes are live,
+   deduplicated: `row_local[i]` gets the number of state i's distinct mask among this call's, or -1 when more than
+   `max_first` bytes leave it live or more nodes are live or its mask has more than `sparse_max` nonzero words, or `uniq_data` (`data_cap` entries) is
+   full (left to `constrain_walk`). Distinct mask u is `uniq_data[uniq_off[u] .. uniq_off[u + 1])`, its nonzero
+   words' index and value, by index (`sparse`: 1 + 2 * sparse_max scratch). `words` and `touched` as in
+   `constrain_walk`, left cleared.
+   Returns the number of distinct masks, -1 when out of memory. */
+int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, int32_t max_first, int64_t live_max,
+                            uint32_t *words, int32_t *touched, int32_t *sparse, int32_t sparse_max,
+                            int32_t *row_local, int32_t *uniq_off, int32_t *uniq_data, int64_t data_cap) {
+    settab t;
+    if (!settab_init(&t)) { settab_free(&t); return -1; }
+    int32_t rc = 0;
+    uint8_t first[256];
+    for (int32_t i = 0; i < n; i++) {
+        int32_t state = states[i];
+        row_local[i] = -1;
+        if (live_bytes(P(0) + (int64_t)state * a[1], (int32_t)a[1], P(26), (const uint8_t *)(intptr_t)a[27],
+                       max_first, first) < 0)
+            continue;
+        clear_last(a, words, NULL, touched, NULL);
+        int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
+                            (int32_t)a[11], NULL, live_max, (int32_t)a[13], (int32_t)a[14], state, NULL, 1, words,
+                            NULL, NULL, touched, NULL, (const uint8_t *)(intptr_t)a[25], P(26),
+                            (const uint8_t *)(intptr_t)a[27]);
+        if (live == -1) { rc = -1; break; }
+        if (live < 0) continue;
+        finish_mask(a, state, words, NULL, sparse, sparse_max, touched, NULL);
+        if (sparse[0] < 0) continue;
+        int64_t m = 2 * (int64_t)sparse[0];
+        uint64_t h = hash_ints(sparse + 1, m);
+        int64_t u = settab_find(&t, sparse + 1, m, h);
+        if (u < 0) {
+            if (t.pool.n + m > data_cap) continue;
+            if (!settab_add(&t, sparse + 1, m, h, 0, -1 - u)) { rc = -1; break; }
+            u = t.n - 1;
+        }
+        row_local[i] = (int32_t)u;
+    }
+    clear_last(a, words, NULL, touched, NULL);
+    if (rc == 0) {
+        for (int64_t u = 0; u <= t.n; u++) uniq_off[u] = (int32_t)t.off[u];
+        if (t.pool.n) memcpy(uniq_data, t.pool.v, (size_t)t.pool.n * sizeof(int32_t));
+        rc = (int32_t)t.n;
+    }
+    settab_free(&t);
+    return rc;
 }
 
 /* `state`'s mask from `base`, the mask of a state that keeps the same byte strings live as `state` as long as they
@@ -644,7 +746,7 @@ int64_t constrain_walk_delta(const int64_t *a, int32_t state, const uint8_t *fla
     }
     int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
                         (int32_t)a[11], NULL, INT64_MAX, (int32_t)a[13], (int32_t)a[14], state, flags, 0, words, seen,
-                        NULL, touched, dests);
+                        NULL, touched, dests, (const uint8_t *)(intptr_t)a[25], P(26), (const uint8_t *)(intptr_t)a[27]);
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
@@ -1095,6 +1197,10 @@ class NativeAutomata:
         self._pair_check.argtypes = [p, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32,
                                      ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32]
         self._pair_check.restype = ctypes.c_int32
+        self._walk_many = lib.constrain_walk_many
+        self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, p, p, p, ctypes.c_int32,
+                                    p, p, p, ctypes.c_int64]
+        self._walk_many.restype = ctypes.c_int32
         self._first_live = lib.constrain_first_live
         self._first_live.argtypes = [p, ctypes.c_int32]
         self._first_live.restype = ctypes.c_int32
@@ -1319,6 +1425,8 @@ class TrieWalker:
     # The pair search's bounds: state pairs reached, and classes added to X (one per round).
     _MAX_PAIRS = 4096
     _MAX_ROUNDS = 4
+    # `masks_many`: room for this many nonzero words per state walked, over its distinct masks together.
+    _MANY_WORDS = 256
 
     def __init__(self, lib: "NativeAutomata", tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
                  node_cls: np.ndarray, trie, n_words: int, accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int],
@@ -1335,7 +1443,11 @@ class TrieWalker:
         # the byte classes: one DFA's joint classes with itself (not np.unique: its first call imports numpy.ma, 80 ms)
         own = np.flatnonzero(np.bincount(byte_class, minlength=n_classes)).astype(np.int32)
         first_below = _first_subtrees(trie)
-        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below)  # alive as long as the walker: C reads them
+        node_byte = np.ascontiguousarray(trie.node_byte, np.uint8)
+        cls_bytes = np.argsort(byte_class, kind="stable").astype(np.uint8)  # the bytes of each class, class by class
+        cls_off = np.zeros(n_classes + 1, np.int32)
+        np.cumsum(np.bincount(byte_class, minlength=n_classes), out=cls_off[1:])
+        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off)  # C reads them
         self._lib = lib
         self._fn = lib._walk
         self._trie = trie
@@ -1349,11 +1461,12 @@ class TrieWalker:
         n_first = trie.depth_start[1] if trie.max_depth else 0
         self._dense_after = max(trie.n_nodes // self._DENSE_SHARE, 1)
         self._share_after = max(trie.n_nodes // self._SHARE_NODES, 1)
-        self._args = (ctypes.c_int64 * 25)(
+        self._args = (ctypes.c_int64 * 28)(
             keep[0].ctypes.data, n_classes, *(a.ctypes.data for a in keep[1:]), trie.n_nodes,
             int(trie.term_tokens.shape[0]), self._dense_after, n_first, max(trie.max_depth - 1, 0), n_words,
             acc.ctypes.data, len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data,
-            self._share_after, first_below.ctypes.data, max(trie.n_nodes // self._WIDE_NODES, 1))
+            self._share_after, first_below.ctypes.data, max(trie.n_nodes // self._WIDE_NODES, 1),
+            node_byte.ctypes.data, cls_off.ctypes.data, cls_bytes.ctypes.data)
         self._local = threading.local()  # per thread: scratch buffers and their addresses
         self._reps: list[tuple[int, np.ndarray]] = []
         self._n_specials = len(specials)
@@ -1399,6 +1512,30 @@ class TrieWalker:
         n = int(sparse[0])
         key = b"f" + words.tobytes() if n < 0 else b"s" + sparse[1 : 1 + 2 * n].tobytes()
         return words, key, dests[1 : 1 + int(dests[0])], -1
+
+    def masks_many(self, states: np.ndarray, max_first: int, live_max: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The masks of many states in one C call (`constrain_walk_many`): of those that at most `max_first` bytes
+        leave live and whose walk keeps at most `live_max` trie nodes live, while their distinct masks' nonzero words fit in `_MANY_WORDS` per state.
+
+        Returns:
+            `(local, off, data)`: `local[i]` the distinct mask of `states[i]` (-1: not computed), distinct mask u
+            being its nonzero words' (index, value) pairs `data[off[u] : off[u + 1]]`, by index.
+        """
+        states = np.ascontiguousarray(states, np.int32)
+        n = int(states.shape[0])
+        local = np.empty(n, np.int32)
+        off = np.empty(n + 1, np.int32)
+        cap = int(n * 2 * self._MANY_WORDS)
+        data = np.empty(max(cap, 1), np.int32)  # virtual memory: pages are touched as filled
+        sparse = np.empty(1 + 2 * self._n_words, np.int32)
+        _, _, _, _, _, _, (_, words_at, _, _, touched_at, _) = self._buffers()
+        got = self._lib._walk_many(self._args, states.ctypes.data, n, max_first, live_max, words_at, touched_at,
+                                   sparse.ctypes.data, self._n_words, local.ctypes.data, off.ctypes.data,
+                                   data.ctypes.data, cap)
+        if got < 0:
+            raise MemoryError("the native trie walk ran out of memory")
+        return local, off[: got + 1], data[: int(off[got])]
 
     def _pattern(self, state: int) -> bytes:
         return (self._tflat[state * self._k : (state + 1) * self._k] >= 0).tobytes()

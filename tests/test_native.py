@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from constrain import automaton as fa
+from constrain import index as cindex
 from constrain import native
 from constrain.errors import ConstrainError
 from constrain.index import TokenIndex
@@ -287,6 +288,60 @@ def test_native_walk_gives_the_numpy_masks_destinations_and_token_costs(request,
     assert len(index.mask_table()[0]) == len({r.tobytes() for r in index.mask_table()[0]})
 
 
+# -- structural states filled in one call at construction ------------------------------------------------------
+
+_PREFILL_SCHEMAS = [
+    _WALK_SCHEMAS[0],
+    # ten tool-call objects: many structural states, the same masks reached from several of them
+    {"anyOf": [{"type": "object", "properties": {"name": {"const": f"tool_{i}"},
+                                                 "arguments": {"type": "object", "properties": {
+                                                     "n": {"type": "integer", "minimum": 0, "maximum": 10 ** i},
+                                                     "mode": {"enum": ["fast", "slow", f"m{i}"]}},
+                                                     "required": ["n"], "additionalProperties": False}},
+                "required": ["name", "arguments"], "additionalProperties": False} for i in range(10)]},
+]
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "qwen3_vocab", "gemma4_vocab", "phi3_vocab"])
+@pytest.mark.parametrize("schema", _PREFILL_SCHEMAS, ids=["object", "calls"])
+def test_structural_rows_filled_at_construction_are_the_full_walks_masks(request, vocab_name, schema):
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    index = TokenIndex(dfa, vocab)
+    filled = {s for s in range(dfa.n_states) if index._row_of[s] >= 0}
+    twin = _numpy_twin(index)
+    small = {s for s in range(dfa.n_states)
+             if index._walker.first_live(s) <= 32 and twin._walk(s)[2] <= cindex._PREFILL_LIVE}
+    assert len(small) > dfa.n_states // 3 and small <= filled  # filled before any mask is asked for
+    _shared_masks_match(index, list(range(dfa.n_states)))
+    table, state_rows = index.mask_table()
+    assert len(table) == len({r.tobytes() for r in table})  # one row per distinct mask, however it was computed
+    assert (state_rows >= 0).all()
+
+
+def test_a_full_output_buffer_leaves_the_remaining_states_to_the_lazy_walk(qwen3_vocab, monkeypatch):
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    states = np.arange(dfa.n_states, dtype=np.int32)
+    index = TokenIndex(dfa, qwen3_vocab)
+    local, off, data = index._walker.masks_many(states, 32, 10**6)
+    assert (local >= 0).all()
+    # room for half of the distinct masks' words: the states whose mask no longer fits are left out, the others
+    # have the same masks as before
+    monkeypatch.setattr(native.TrieWalker, "_MANY_WORDS", data.shape[0] / (4 * dfa.n_states))
+    part_local, part_off, part_data = index._walker.masks_many(states, 32, 10**6)
+    kept = part_local >= 0
+    assert 0 < kept.sum() < dfa.n_states
+    for s in states[kept]:
+        u, v = local[s], part_local[s]
+        assert np.array_equal(data[off[u] : off[u + 1]], part_data[part_off[v] : part_off[v + 1]])
+    monkeypatch.setattr(cindex, "_PREFILL_STATES", 0)  # no fill of the other rows either
+    lazy = TokenIndex(dfa, qwen3_vocab)
+    assert any(lazy._row_of[s] < 0 for s in range(dfa.n_states))
+    _shared_masks_match(lazy, list(range(dfa.n_states)))
+    table, _ = lazy.mask_table()
+    assert len(table) == len({r.tobytes() for r in table})
+
+
 # -- shared walks: a wide state's mask derived from an earlier one's ---------------------------------------------
 
 _SHARE_SCHEMAS = {
@@ -361,8 +416,9 @@ def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_voc
 
 
 @pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
-def test_a_first_string_state_derives_from_the_vocabularys_reference(request, vocab_name):
+def test_a_first_string_state_derives_from_the_vocabularys_reference(request, vocab_name, monkeypatch):
     vocab = request.getfixturevalue(vocab_name)
+    monkeypatch.setattr(cindex, "_PREFILL_STATES", 0)  # only the structural rows filled at construction
     schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 500}}, "required": ["q"],
               "additionalProperties": False}
     dfa = compile_schema(schema, whitespace="compact").dfa
