@@ -48,6 +48,13 @@ _PREFILL_S = 0.005
 # number tokens keep ~1,100 nodes live) stay lazy.
 _PREFILL_LIVE = 128
 
+# Of the new rows that fill gives, the first _EAGER_ROWS (the states nearest the start) are made at once in one
+# block with every page mapped (madvise MADV_POPULATE_READ), the others on first read: a fresh row's first read
+# otherwise faults in its pages (~5 us for Qwen3's 4,740 words), and mapping every row of required_50 (879) costs
+# ~2.5 ms. Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms without, 1-45 ms
+# with: the kernel zeroes or compacts 2 MiB at a time).
+_EAGER_ROWS = 200
+
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
@@ -177,7 +184,8 @@ class TokenIndex:
         self.meta: dict[str, Any] | None = None
         self._setup(_trie_for(vocab))
         self._lock = threading.Lock()
-        self._rows: list[np.ndarray] = []
+        self._rows: list[np.ndarray | None] = []  # None: not read yet, its nonzero words in `_pending`
+        self._pending: dict[int, np.ndarray] = {}  # row -> int32 [n, 2] (word index, value)
         self._row_key: dict[bytes, int] = {}
         self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
         self._table_cache: np.ndarray | None = None
@@ -258,6 +266,8 @@ class TokenIndex:
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
+            for row in list(self._pending):
+                self._materialise(row)
             return {
                 "dfa": self._dfa,
                 "vocab": self._vocab,
@@ -279,6 +289,7 @@ class TokenIndex:
         self._setup(_trie_for(self._vocab))
         self._lock = threading.Lock()
         self._rows = []
+        self._pending = {}
         self._row_key = {}
         for row in state["rows"]:
             self._insert_row(np.array(row, dtype=np.int32))
@@ -322,7 +333,7 @@ class TokenIndex:
         Raises:
             InternalError: `state` is outside `0 ..= dfa.n_states`, or `budget` is negative.
         """
-        return self._rows[self.row_for_state(state, budget)]
+        return self._row_words(self.row_for_state(state, budget))
 
     def row_for_state(self, state: int, budget: int | None = None) -> int:
         """The row of `mask_table()` holding `state`'s mask (under `budget`, if given); `dfa.n_states` stands for the
@@ -412,6 +423,8 @@ class TokenIndex:
         """
         with self._lock:
             if self._table_cache is None or self._table_cache.shape[0] != len(self._rows):
+                for row in list(self._pending):
+                    self._materialise(row)
                 self._table_cache = np.stack(self._rows)
                 self._table_cache.flags.writeable = False
             return self._table_cache, np.asarray(self._row_of, dtype=np.int32)
@@ -419,7 +432,8 @@ class TokenIndex:
     def nbytes(self) -> int:
         """Estimate of the memory this index holds now: mask rows and per-DFA arrays (the shared trie excluded)."""
         with self._lock:
-            rows = len(self._rows) * self._n_words * 4
+            pending = self._pending.values()
+            rows = (len(self._rows) - len(pending)) * self._n_words * 4 + sum(int(p.nbytes) for p in pending)
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
             budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
         per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self._node_cls.nbytes) + 8 * len(self._row_of)
@@ -451,47 +465,76 @@ class TokenIndex:
         self._budget_tables()
 
     def _prefill_structural(self) -> None:
-        """Fill the rows of every state whose walk keeps at most `_PREFILL_LIVE` trie nodes live, in one C call."""
+        """Give a row to every state that at most `_BATCH_MAX_FIRST` first bytes and at most `_PREFILL_LIVE` trie nodes
+        keep live, from one C call. A new sparse row is kept as its nonzero words until first read (`_row_words`):
+        most are never read by a given sequence, and a zeroed 4,740-word row costs ~1 us plus its page faults."""
         states = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0).astype(np.int32)
         local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE)
         n_uniq = off.shape[0] - 1
         if not n_uniq:
             return
+        pairs = data.reshape(-1, 2)
+        blob, bounds = data.tobytes(), (4 * off).tolist()
         with self._lock:
-            row_key, rows = self._row_key, self._rows
-            row_of_u = np.empty(n_uniq, np.int64)
-            new: list[int] = []
-            dense: list[int] = []  # the distinct masks with more nonzero words than a sparse key holds
-            blob, bounds = data.tobytes(), (4 * off).tolist()
+            row_key, rows, pending = self._row_key, self._rows, self._pending
+            row_of_u = [0] * n_uniq
+            eager: list[int] = []  # the first new rows, in the states' breadth-first order: made now
             for u in range(n_uniq):
                 lo, hi = bounds[u], bounds[u + 1]
-                if hi - lo > 8 * _native.SPARSE_MAX:
-                    dense.append(u)
+                if hi - lo > 8 * _native.SPARSE_MAX:  # keyed by its full words, as `sparse_key` does
+                    words = np.zeros(self._n_words, np.int32)
+                    part = pairs[lo // 8 : hi // 8]
+                    words[part[:, 0]] = part[:, 1]
+                    row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
                     continue
                 key = b"s" + blob[lo:hi]
                 r = row_key.get(key)
                 if r is None:
-                    r = row_key[key] = len(rows) + len(new)
-                    new.append(u)
+                    r = row_key[key] = len(rows)
+                    rows.append(None)
+                    pending[r] = pairs[lo // 8 : hi // 8]
+                    if len(eager) < _EAGER_ROWS:
+                        eager.append(r)
                 row_of_u[u] = r
-            if new:
-                new_arr = np.asarray(new)
-                lens = (off[new_arr + 1] - off[new_arr]) // 2
-                starts = np.repeat(off[new_arr] - np.concatenate([[0], 2 * lens.cumsum()[:-1]]), 2 * lens)
-                pairs = data[np.arange(int(2 * lens.sum())) + starts].reshape(-1, 2)
-                table = np.zeros((len(new), self._n_words), np.int32)
-                table[np.repeat(np.arange(len(new)), lens), pairs[:, 0]] = pairs[:, 1]
-                table.flags.writeable = False
-                rows.extend(table)
-            for u in dense:
-                words = np.zeros(self._n_words, np.int32)
-                pairs = data[off[u] : off[u + 1]].reshape(-1, 2)
-                words[pairs[:, 0]] = pairs[:, 1]
-                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
+            self._materialise_block(eager)
             done = local >= 0
             row_of = np.asarray(self._row_of, np.int64)
-            row_of[states[done]] = row_of_u[local[done]]
+            row_of[states[done]] = np.asarray(row_of_u, np.int64)[local[done]]
             self._row_of = row_of.tolist()
+
+    def _row_words(self, row: int) -> np.ndarray:
+        """Row `row`'s mask, made from its nonzero words if it has not been read yet."""
+        mask = self._rows[row]
+        if mask is None:
+            with self._lock:
+                mask = self._rows[row]
+                if mask is None:
+                    mask = self._materialise(row)
+        return mask
+
+    def _materialise_block(self, rows: list[int]) -> None:
+        """Make these pending rows' masks in one zeroed block whose pages are all mapped now (the caller holds the
+        lock): reading a row then never faults."""
+        per_block = max(1, ((4 << 20) - 4096) // (4 * self._n_words))  # under 4 MiB: no huge pages (_EAGER_ROWS)
+        for lo in range(0, len(rows), per_block):
+            chunk = rows[lo : lo + per_block]
+            parts = [self._pending.pop(r) for r in chunk]
+            words = np.concatenate(parts)
+            block = np.zeros((len(chunk), self._n_words), np.int32)
+            block[np.repeat(np.arange(len(chunk)), [p.shape[0] for p in parts]), words[:, 0]] = words[:, 1]
+            _native.populate(block)
+            block.flags.writeable = False
+            for r, mask in zip(chunk, block):
+                self._rows[r] = mask
+
+    def _materialise(self, row: int) -> np.ndarray:
+        """Make pending row `row`'s mask (the caller holds the lock)."""
+        part = self._pending.pop(row)
+        mask = np.zeros(self._n_words, np.int32)
+        mask[part[:, 0]] = part[:, 1]
+        mask.flags.writeable = False
+        self._rows[row] = mask
+        return mask
 
     def _prefill(self) -> None:
         stop = time.perf_counter() + _PREFILL_S
@@ -942,11 +985,12 @@ class TokenState:
         idx = self._index
         s = idx._n_states if self._finished else self._state
         if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
-            return idx._rows[idx._budget_row(s, budget)]
+            return idx._row_words(idx._budget_row(s, budget))
         row = idx._row_of[s]
         if row < 0:
             row = idx.row_for_state(s)
-        return idx._rows[row]
+        mask = idx._rows[row]
+        return mask if mask is not None else idx._row_words(row)
 
     def allowed_token_ids(self, budget: int | None = None) -> np.ndarray:
         """The allowed next token ids under `budget` (as in `mask`), ascending (int64)."""

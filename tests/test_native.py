@@ -2,6 +2,7 @@
 same minimal automata as the numpy passes, keep the state and time budgets, and stop when cancelled."""
 
 import ctypes
+import pickle
 import shutil
 import threading
 import time
@@ -317,6 +318,21 @@ def test_structural_rows_filled_at_construction_are_the_full_walks_masks(request
     table, state_rows = index.mask_table()
     assert len(table) == len({r.tobytes() for r in table})  # one row per distinct mask, however it was computed
     assert (state_rows >= 0).all()
+
+
+def test_rows_made_on_first_read_equal_the_walks_and_survive_pickling(qwen3_vocab, monkeypatch):
+    monkeypatch.setattr(cindex, "_EAGER_ROWS", 4)
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, qwen3_vocab)
+    assert len(index._pending) > 10 and sum(r is not None for r in index._rows) >= 4
+    clone = pickle.loads(pickle.dumps(index))  # pickling makes every pending row
+    assert not index._pending and not clone._pending
+    fresh = TokenIndex(dfa, qwen3_vocab)
+    table, state_rows = fresh.mask_table()  # so does the table
+    assert not fresh._pending and len(table) == len({r.tobytes() for r in table})
+    for s in range(dfa.n_states):
+        full = index._walker.mask(s, share=False)[0].view(np.int32)
+        assert np.array_equal(clone.mask_for_state(s), full) and np.array_equal(table[state_rows[s]], full), s
 
 
 def test_a_full_output_buffer_leaves_the_remaining_states_to_the_lazy_walk(qwen3_vocab, monkeypatch):
