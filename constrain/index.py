@@ -43,17 +43,22 @@ _PREFILL_S = 0.005
 # Before that, every lazy index with the C walk fills in one C call the rows of the states that at most
 # _BATCH_MAX_FIRST first bytes and at most _PREFILL_LIVE trie nodes keep live (structural states: a decoding step
 # through them then never misses; bench_engine.py cold p99, Qwen3: required_20 20 -> 2.6 us, parallel_1to5_of_5
-# 19 -> 2.4 us). Measured cost of that call (Llama 3): 128 nodes 0.6-3 ms (required_50, 3,801 states: ~2.8 ms);
-# 256 adds up to 2 ms (send_email_to_array), 4,096 up to 20 ms (nested_table). Llama 3's number states (its 1,110
-# number tokens keep ~1,100 nodes live) stay lazy.
-_PREFILL_LIVE = 128
+# 19 -> 2.4 us). A walk given up at _PREFILL_LIVE nodes is wasted; once those reach _PREFILL_WASTE nodes per state,
+# the remaining states are walked up to _PREFILL_FLOOR nodes only. Measured cost of that call (median of 5,
+# Qwen3 / Llama 3): required_50 3.1 / 2.9 ms, nested_table 2.4 / 2.3 ms, send_email_to_array 9.1 / 3.1 ms (its
+# e-mail states: 128-512 nodes each), nested_users 13 / 8.8 ms; with 128 nodes for every state, the states
+# required_50 and nested_table missed at 139-484 nodes stayed lazy. Llama 3's number states (its 1,110 number
+# tokens keep ~1,100 nodes live) stay lazy.
+_PREFILL_LIVE = 512
+_PREFILL_FLOOR = 128
+_PREFILL_WASTE = 16
 
-# Of the new rows that fill gives, the first _EAGER_ROWS (the states nearest the start) are made at once in one
-# block with every page mapped (madvise MADV_POPULATE_READ), the others on first read: a fresh row's first read
-# otherwise faults in its pages (~5 us for Qwen3's 4,740 words), and mapping every row of required_50 (879) costs
-# ~2.5 ms. Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms without, 1-45 ms
-# with: the kernel zeroes or compacts 2 MiB at a time).
-_EAGER_ROWS = 200
+# Of the new rows that fill gives, the first _EAGER_ROWS (the states nearest the start) are made at once in blocks
+# with every page mapped (madvise MADV_POPULATE_READ), the others on first read: a fresh row's first read otherwise
+# faults in its pages (~5 us for Qwen3's 4,740 words), and making all 883 rows of required_50 costs ~2 ms more
+# than none (512: ~1 ms). Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms
+# without, 1-45 ms with: the kernel zeroes or compacts 2 MiB at a time).
+_EAGER_ROWS = 512
 
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
@@ -466,10 +471,11 @@ class TokenIndex:
 
     def _prefill_structural(self) -> None:
         """Give a row to every state that at most `_BATCH_MAX_FIRST` first bytes and at most `_PREFILL_LIVE` trie nodes
-        keep live, from one C call. A new sparse row is kept as its nonzero words until first read (`_row_words`):
+        keep live (`_PREFILL_FLOOR` once the walks given up reach `_PREFILL_WASTE` nodes a state), from one C call. A new sparse row is kept as its nonzero words until first read (`_row_words`):
         most are never read by a given sequence, and a zeroed 4,740-word row costs ~1 us plus its page faults."""
         states = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0).astype(np.int32)
-        local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE)
+        local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE, _PREFILL_FLOOR,
+                                                    _PREFILL_WASTE * self._n_states)
         n_uniq = off.shape[0] - 1
         if not n_uniq:
             return

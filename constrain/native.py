@@ -684,14 +684,16 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
 
 /* The masks of `states[0 .. n)` in one call, each walked depth first while at most `live_max` trie nodes are live,
    deduplicated: `row_local[i]` gets the number of state i's distinct mask among this call's, or -1 when more than
-   `max_first` bytes leave it live or more nodes are live or its mask has more than `sparse_max` nonzero words, or `uniq_data` (`data_cap` entries) is
+   `max_first` bytes leave it live or more nodes are live (`live_max` until the walks given up so far have found
+   `waste_budget` nodes, then `live_floor`), or its mask has more than `sparse_max` nonzero words, or `uniq_data` (`data_cap` entries) is
    full (left to `constrain_walk`). Distinct mask u is `uniq_data[uniq_off[u] .. uniq_off[u + 1])`, its nonzero
    words' index and value, by index (`sparse`: 1 + 2 * sparse_max scratch). `words` and `touched` as in
    `constrain_walk`, left cleared.
    Returns the number of distinct masks, -1 when out of memory. */
 int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, int32_t max_first, int64_t live_max,
-                            uint32_t *words, int32_t *touched, int32_t *sparse, int32_t sparse_max,
-                            int32_t *row_local, int32_t *uniq_off, int32_t *uniq_data, int64_t data_cap) {
+                            int64_t live_floor, int64_t waste_budget, uint32_t *words, int32_t *touched,
+                            int32_t *sparse, int32_t sparse_max, int32_t *row_local, int32_t *uniq_off,
+                            int32_t *uniq_data, int64_t data_cap) {
     settab t;
     if (!settab_init(&t)) { settab_free(&t); return -1; }
     int32_t rc = 0;
@@ -703,12 +705,13 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
                        max_first, first) < 0)
             continue;
         clear_last(a, words, NULL, touched, NULL);
+        int64_t cap = waste_budget > 0 ? live_max : live_floor;
         int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
-                            (int32_t)a[11], NULL, live_max, (int32_t)a[13], (int32_t)a[14], state, NULL, 1, words,
+                            (int32_t)a[11], NULL, cap, (int32_t)a[13], (int32_t)a[14], state, NULL, 1, words,
                             NULL, NULL, touched, NULL, (const uint8_t *)(intptr_t)a[25], P(26),
                             (const uint8_t *)(intptr_t)a[27]);
         if (live == -1) { rc = -1; break; }
-        if (live < 0) continue;
+        if (live < 0) { waste_budget -= cap; continue; }
         finish_mask(a, state, words, NULL, sparse, sparse_max, touched, NULL);
         if (sparse[0] < 0) continue;
         int64_t m = 2 * (int64_t)sparse[0];
@@ -1198,8 +1201,8 @@ class NativeAutomata:
                                      ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32]
         self._pair_check.restype = ctypes.c_int32
         self._walk_many = lib.constrain_walk_many
-        self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, p, p, p, ctypes.c_int32,
-                                    p, p, p, ctypes.c_int64]
+        self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_int64, p, p, p, ctypes.c_int32, p, p, p, ctypes.c_int64]
         self._walk_many.restype = ctypes.c_int32
         self._first_live = lib.constrain_first_live
         self._first_live.argtypes = [p, ctypes.c_int32]
@@ -1513,10 +1516,11 @@ class TrieWalker:
         key = b"f" + words.tobytes() if n < 0 else b"s" + sparse[1 : 1 + 2 * n].tobytes()
         return words, key, dests[1 : 1 + int(dests[0])], -1
 
-    def masks_many(self, states: np.ndarray, max_first: int, live_max: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def masks_many(self, states: np.ndarray, max_first: int, live_max: int, live_floor: int | None = None,
+                   waste_budget: int = 2**62) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The masks of many states in one C call (`constrain_walk_many`): of those that at most `max_first` bytes
-        leave live and whose walk keeps at most `live_max` trie nodes live, while their distinct masks' nonzero words fit in `_MANY_WORDS` per state.
+        leave live and whose walk keeps at most `live_max` trie nodes live (`live_floor` once the walks given up
+        have found `waste_budget` nodes), while their distinct masks' nonzero words fit in `_MANY_WORDS` per state.
 
         Returns:
             `(local, off, data)`: `local[i]` the distinct mask of `states[i]` (-1: not computed), distinct mask u
@@ -1530,9 +1534,10 @@ class TrieWalker:
         data = np.empty(max(cap, 1), np.int32)  # virtual memory: pages are touched as filled
         sparse = np.empty(1 + 2 * self._n_words, np.int32)
         _, _, _, _, _, _, (_, words_at, _, _, touched_at, _) = self._buffers()
-        got = self._lib._walk_many(self._args, states.ctypes.data, n, max_first, live_max, words_at, touched_at,
-                                   sparse.ctypes.data, self._n_words, local.ctypes.data, off.ctypes.data,
-                                   data.ctypes.data, cap)
+        floor = live_max if live_floor is None else live_floor
+        got = self._lib._walk_many(self._args, states.ctypes.data, n, max_first, live_max, floor, waste_budget,
+                                   words_at, touched_at, sparse.ctypes.data, self._n_words, local.ctypes.data,
+                                   off.ctypes.data, data.ctypes.data, cap)
         if got < 0:
             raise MemoryError("the native trie walk ran out of memory")
         return local, off[: got + 1], data[: int(off[got])].copy()

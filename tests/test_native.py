@@ -312,12 +312,27 @@ def test_structural_rows_filled_at_construction_are_the_full_walks_masks(request
     filled = {s for s in range(dfa.n_states) if index._row_of[s] >= 0}
     twin = _numpy_twin(index)
     small = {s for s in range(dfa.n_states)
-             if index._walker.first_live(s) <= 32 and twin._walk(s)[2] <= cindex._PREFILL_LIVE}
+             if index._walker.first_live(s) <= 32 and twin._walk(s)[2] <= cindex._PREFILL_FLOOR}
     assert len(small) > dfa.n_states // 3 and small <= filled  # filled before any mask is asked for
     _shared_masks_match(index, list(range(dfa.n_states)))
     table, state_rows = index.mask_table()
     assert len(table) == len({r.tobytes() for r in table})  # one row per distinct mask, however it was computed
     assert (state_rows >= 0).all()
+
+
+def test_walks_given_up_past_the_waste_budget_fall_back_to_the_floor(llama3_vocab):
+    # integers: Llama 3's 1,110 number tokens keep ~1,100 trie nodes live at a number's first digit
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, llama3_vocab)
+    states = np.arange(dfa.n_states, dtype=np.int32)
+    floor, _, _ = index._walker.masks_many(states, 32, 128)
+    wide, _, _ = index._walker.masks_many(states, 32, 4096)
+    assert (floor >= 0).sum() < (wide >= 0).sum()
+    spent, _, _ = index._walker.masks_many(states, 32, 4096, live_floor=128, waste_budget=0)
+    assert np.array_equal(spent >= 0, floor >= 0)
+    # a budget for a few walks given up: the same states as the wide cap up to the first state given up after it
+    some, _, _ = index._walker.masks_many(states, 32, 16, live_floor=16, waste_budget=10**9)
+    assert np.array_equal(some >= 0, index._walker.masks_many(states, 32, 16)[0] >= 0)
 
 
 def test_rows_made_on_first_read_equal_the_walks_and_survive_pickling(qwen3_vocab, monkeypatch):
