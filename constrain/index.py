@@ -190,7 +190,8 @@ class TokenIndex:
         self._setup(_trie_for(vocab))
         self._lock = threading.Lock()
         self._rows: list[np.ndarray | None] = []  # None: not read yet, its nonzero words in `_pending`
-        self._pending: dict[int, np.ndarray] = {}  # row -> int32 [n, 2] (word index, value)
+        self._pending: dict[int, tuple[int, int]] = {}  # row -> its (word index, value) pairs' span in:
+        self._pending_pairs = np.zeros((0, 2), np.int32)
         self._row_key: dict[bytes, int] = {}
         self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
         self._table_cache: np.ndarray | None = None
@@ -295,6 +296,7 @@ class TokenIndex:
         self._lock = threading.Lock()
         self._rows = []
         self._pending = {}
+        self._pending_pairs = np.zeros((0, 2), np.int32)
         self._row_key = {}
         for row in state["rows"]:
             self._insert_row(np.array(row, dtype=np.int32))
@@ -437,8 +439,7 @@ class TokenIndex:
     def nbytes(self) -> int:
         """Estimate of the memory this index holds now: mask rows and per-DFA arrays (the shared trie excluded)."""
         with self._lock:
-            pending = self._pending.values()
-            rows = (len(self._rows) - len(pending)) * self._n_words * 4 + sum(int(p.nbytes) for p in pending)
+            rows = (len(self._rows) - len(self._pending)) * self._n_words * 4 + int(self._pending_pairs.nbytes)
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
             budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
         per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self._node_cls.nbytes) + 8 * len(self._row_of)
@@ -471,8 +472,8 @@ class TokenIndex:
 
     def _prefill_structural(self) -> None:
         """Give a row to every state that at most `_BATCH_MAX_FIRST` first bytes and at most `_PREFILL_LIVE` trie nodes
-        keep live (`_PREFILL_FLOOR` once the walks given up reach `_PREFILL_WASTE` nodes a state), from one C call. A new sparse row is kept as its nonzero words until first read (`_row_words`):
-        most are never read by a given sequence, and a zeroed 4,740-word row costs ~1 us plus its page faults."""
+        keep live (`_PREFILL_FLOOR` once the walks given up reach `_PREFILL_WASTE` nodes a state), from one C call.
+        The first `_EAGER_ROWS` new rows are made now, the others kept as their nonzero words until first read."""
         states = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0).astype(np.int32)
         local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE, _PREFILL_FLOOR,
                                                     _PREFILL_WASTE * self._n_states)
@@ -484,29 +485,52 @@ class TokenIndex:
         with self._lock:
             row_key, rows, pending = self._row_key, self._rows, self._pending
             row_of_u = [0] * n_uniq
-            eager: list[int] = []  # the first new rows, in the states' breadth-first order: made now
+            new: list[int] = []  # the distinct masks that are new rows, in the states' breadth-first order
+            dense: list[int] = []  # those with more nonzero words than a sparse key holds
             for u in range(n_uniq):
                 lo, hi = bounds[u], bounds[u + 1]
-                if hi - lo > 8 * _native.SPARSE_MAX:  # keyed by its full words, as `sparse_key` does
-                    words = np.zeros(self._n_words, np.int32)
-                    part = pairs[lo // 8 : hi // 8]
-                    words[part[:, 0]] = part[:, 1]
-                    row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
+                if hi - lo > 8 * _native.SPARSE_MAX:
+                    dense.append(u)
                     continue
                 key = b"s" + blob[lo:hi]
                 r = row_key.get(key)
                 if r is None:
-                    r = row_key[key] = len(rows)
-                    rows.append(None)
-                    pending[r] = pairs[lo // 8 : hi // 8]
-                    if len(eager) < _EAGER_ROWS:
-                        eager.append(r)
+                    r = row_key[key] = len(rows) + len(new)
+                    new.append(u)
                 row_of_u[u] = r
-            self._materialise_block(eager)
+            first = len(rows)
+            rows.extend([None] * len(new))
+            for u in dense:  # keyed by their full words, as `sparse_key` does
+                words = np.zeros(self._n_words, np.int32)
+                part = pairs[bounds[u] // 8 : bounds[u + 1] // 8]
+                words[part[:, 0]] = part[:, 1]
+                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
+            self._pending_pairs = pairs
+            lazy_from = min(len(new), _EAGER_ROWS)
+            pair_at = (off // 2).tolist()
+            for i in range(lazy_from, len(new)):
+                u = new[i]
+                pending[first + i] = (pair_at[u], pair_at[u + 1])
+            self._make_rows(first, np.asarray(new[:lazy_from], np.int64), off // 2, pairs)
             done = local >= 0
             row_of = np.asarray(self._row_of, np.int64)
             row_of[states[done]] = np.asarray(row_of_u, np.int64)[local[done]]
             self._row_of = row_of.tolist()
+
+    def _make_rows(self, first: int, uniq: np.ndarray, pair_off: np.ndarray, pairs: np.ndarray) -> None:
+        """Rows `first ..` from the distinct masks `uniq` (`pairs[pair_off[u] : pair_off[u + 1]]` their nonzero words),
+        in blocks whose pages are all mapped now: reading a row then never faults (the caller holds the lock)."""
+        per_block = max(1, ((4 << 20) - 4096) // (4 * self._n_words))  # under 4 MiB: no huge pages (_EAGER_ROWS)
+        for lo in range(0, uniq.shape[0], per_block):
+            chunk = uniq[lo : lo + per_block]
+            lens = pair_off[chunk + 1] - pair_off[chunk]
+            ends = lens.cumsum()
+            at = np.arange(int(ends[-1]) if lens.shape[0] else 0) + np.repeat(pair_off[chunk] - (ends - lens), lens)
+            block = np.zeros((chunk.shape[0], self._n_words), np.int32)
+            block[np.repeat(np.arange(chunk.shape[0]), lens), pairs[at, 0]] = pairs[at, 1]
+            _native.populate(block)
+            block.flags.writeable = False
+            self._rows[first + lo : first + lo + chunk.shape[0]] = list(block)
 
     def _row_words(self, row: int) -> np.ndarray:
         """Row `row`'s mask, made from its nonzero words if it has not been read yet."""
@@ -518,24 +542,10 @@ class TokenIndex:
                     mask = self._materialise(row)
         return mask
 
-    def _materialise_block(self, rows: list[int]) -> None:
-        """Make these pending rows' masks in one zeroed block whose pages are all mapped now (the caller holds the
-        lock): reading a row then never faults."""
-        per_block = max(1, ((4 << 20) - 4096) // (4 * self._n_words))  # under 4 MiB: no huge pages (_EAGER_ROWS)
-        for lo in range(0, len(rows), per_block):
-            chunk = rows[lo : lo + per_block]
-            parts = [self._pending.pop(r) for r in chunk]
-            words = np.concatenate(parts)
-            block = np.zeros((len(chunk), self._n_words), np.int32)
-            block[np.repeat(np.arange(len(chunk)), [p.shape[0] for p in parts]), words[:, 0]] = words[:, 1]
-            _native.populate(block)
-            block.flags.writeable = False
-            for r, mask in zip(chunk, block):
-                self._rows[r] = mask
-
     def _materialise(self, row: int) -> np.ndarray:
         """Make pending row `row`'s mask (the caller holds the lock)."""
-        part = self._pending.pop(row)
+        lo, hi = self._pending.pop(row)
+        part = self._pending_pairs[lo:hi]
         mask = np.zeros(self._n_words, np.int32)
         mask[part[:, 0]] = part[:, 1]
         mask.flags.writeable = False

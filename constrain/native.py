@@ -526,6 +526,7 @@ enum { X_ON_PATH = 1, X_BELOW = 2 };
    sorted by byte) instead of reading every child, when the node has at least JUMP_MIN children and the DFA state
    keeps at most one byte in JUMP_RATIO of that many live (a structural state: a quote, a key's next letter). */
 enum { JUMP_MIN = 16, JUMP_RATIO = 8 };
+#define WALK_FRAMES(max_depth) ((size_t)((max_depth) + 1) * (5 * sizeof(int32_t) + 256))
 
 /* The bytes (at most `most`) that keep `row` (one DFA state's transitions) live, written to `out`; -1 when more.
    `cls_off`/`cls_bytes`: the bytes of each class, class by class. */
@@ -558,11 +559,12 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
                     int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
                     int32_t n_first, int32_t max_depth, int32_t state, const uint8_t *flags, int stop_after,
                     uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests,
-                    const uint8_t *node_byte, const int32_t *cls_off, const uint8_t *cls_bytes) {
+                    const uint8_t *node_byte, const int32_t *cls_off, const uint8_t *cls_bytes, int32_t *frames) {
     /* per depth: the next child and the end of the run (or, jumping: the run's start, its end, the next of the
-       `n_jump` live bytes in `jump`), and the DFA state the run is read from */
+       `n_jump` live bytes in `jump`), and the DFA state the run is read from; in `frames` (WALK_FRAMES(max_depth)
+       bytes) when given */
     size_t d1 = (size_t)(max_depth + 1);
-    int32_t *cur = (int32_t *)malloc(d1 * (5 * sizeof(int32_t) + 256));
+    int32_t *cur = frames ? frames : (int32_t *)malloc(WALK_FRAMES(max_depth));
     if (!cur) return -1;
     int32_t *end = cur + d1, *from = end + d1, *n_jump = from + d1, *at_jump = n_jump + d1;
     uint8_t *jump = (uint8_t *)(at_jump + d1);
@@ -608,7 +610,7 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
             at_jump[depth] = 0;
         }
     }
-    free(cur);
+    if (!frames) free(cur);
     if (live <= dense_after) return live;
     if (stop_after) return -2;
     /* in order: every node's state from its parent's (parents come first) */
@@ -657,6 +659,10 @@ static void clear_last(const int64_t *a, uint32_t *words, uint8_t *seen, int32_t
 static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_t *seen, int32_t *sparse,
                         int32_t sparse_max, int32_t *touched, int32_t *dests);
 
+/* A mask's nonzero words are listed by sorting the words it touched up to this many, by reading every word beyond
+   (a sort of 500 touched words cost more than reading Llama 3's 4,008). */
+enum { SORT_TOUCHED = 128 };
+
 /* `share`: return -2 (a state the caller may rather derive from an earlier one's mask: `constrain_walk_delta`) at
    once when the subtrees of the live first-byte nodes hold a[24] nodes or more (a[23]: int64 subtree sizes of the
    first-byte nodes), or once the depth-first walk finds more than a[22] nodes live. */
@@ -676,7 +682,7 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
     int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
                         node_state, share ? a[22] : a[12], (int32_t)a[13], (int32_t)a[14], state, NULL, share,
                         words, seen, tok_state, touched, dests, (const uint8_t *)(intptr_t)a[25], P(26),
-                        (const uint8_t *)(intptr_t)a[27]);
+                        (const uint8_t *)(intptr_t)a[27], NULL);
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
@@ -695,7 +701,9 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
                             int32_t *sparse, int32_t sparse_max, int32_t *row_local, int32_t *uniq_off,
                             int32_t *uniq_data, int64_t data_cap) {
     settab t;
-    if (!settab_init(&t)) { settab_free(&t); return -1; }
+    int ok = settab_init(&t);  /* zeroes t first: settab_free is safe either way */
+    int32_t *frames = (int32_t *)malloc(WALK_FRAMES(a[14]));
+    if (!ok || !frames) { free(frames); settab_free(&t); return -1; }
     int32_t rc = 0;
     uint8_t first[256];
     for (int32_t i = 0; i < n; i++) {
@@ -709,7 +717,7 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
         int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
                             (int32_t)a[11], NULL, cap, (int32_t)a[13], (int32_t)a[14], state, NULL, 1, words,
                             NULL, NULL, touched, NULL, (const uint8_t *)(intptr_t)a[25], P(26),
-                            (const uint8_t *)(intptr_t)a[27]);
+                            (const uint8_t *)(intptr_t)a[27], frames);
         if (live == -1) { rc = -1; break; }
         if (live < 0) { waste_budget -= cap; continue; }
         finish_mask(a, state, words, NULL, sparse, sparse_max, touched, NULL);
@@ -731,6 +739,7 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
         rc = (int32_t)t.n;
     }
     settab_free(&t);
+    free(frames);
     return rc;
 }
 
@@ -749,7 +758,8 @@ int64_t constrain_walk_delta(const int64_t *a, int32_t state, const uint8_t *fla
     }
     int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
                         (int32_t)a[11], NULL, INT64_MAX, (int32_t)a[13], (int32_t)a[14], state, flags, 0, words, seen,
-                        NULL, touched, dests, (const uint8_t *)(intptr_t)a[25], P(26), (const uint8_t *)(intptr_t)a[27]);
+                        NULL, touched, dests, (const uint8_t *)(intptr_t)a[25], P(26), (const uint8_t *)(intptr_t)a[27],
+                        NULL);
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
@@ -771,12 +781,19 @@ static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_
     }
     if (sparse) {
         int32_t n = 0;
-        if (touched && touched[0] <= sparse_max) {  /* the nonzero words are the touched ones */
+        if (touched && touched[0] <= sparse_max && touched[0] <= SORT_TOUCHED) {  /* the touched words, sorted */
             n = touched[0];
             sort_ints(touched + 1, n);
             for (int32_t i = 0; i < n; i++) {
                 sparse[1 + 2 * i] = touched[1 + i];
                 sparse[2 + 2 * i] = (int32_t)words[touched[1 + i]];
+            }
+        } else if (touched && touched[0] <= sparse_max) {  /* many: in order, without sorting them */
+            for (int32_t w = 0; w < n_words; w++) {
+                if (!words[w]) continue;
+                sparse[1 + 2 * n] = w;
+                sparse[2 + 2 * n] = (int32_t)words[w];
+                n++;
             }
         } else if (touched) {
             n = -1;
