@@ -3,6 +3,7 @@ budget, from exact per-state minimum token counts); a cursor per sequence."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -242,10 +243,8 @@ class TokenIndex:
         self._tflat = np.concatenate([transitions.astype(dtype), dead]).ravel()
         self._dtype = dtype
         self._accepting = np.asarray(dfa.accepting, dtype=bool)
-        # Class id of every trie node for this DFA: one gather per (vocab, dfa) instead of one per state.
-        self._node_cls = class_of[:256].astype(dtype)[trie.node_byte]
+        self._byte_class = class_of[:256]
         ds = trie.depth_start
-        self._cls_by_depth = [self._node_cls[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         self._parent_by_depth = [trie.parent_local[ds[d] : ds[d + 1]] for d in range(trie.max_depth)]
         # Per depth, the local offsets of nodes that end some token: where a walk's destination states are read.
         self._term_local_by_depth = _term_local_by_depth(trie)
@@ -265,10 +264,21 @@ class TokenIndex:
         # The trie walk in C where it is built (int32 tables only); else the numpy walks below.
         lib = _native.automata() if dtype is np.int32 else None
         self._walker = None if lib is None else lib.walker(
-            self._tflat, n_classes, class_of[:256], self._node_cls, trie, self._n_words, self._accepting, self._eos,
+            self._tflat, n_classes, class_of[:256], trie, self._n_words, self._accepting, self._eos,
             self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
+
+    @functools.cached_property
+    def _node_cls(self) -> np.ndarray:
+        """Class id of every trie node for this DFA (the numpy walks' one gather per (vocab, dfa) instead of one per
+        state; the C walk reads each node's byte instead: 0.35 ms saved per index on Qwen3's 333k nodes)."""
+        return self._byte_class.astype(self._dtype)[self._trie.node_byte]
+
+    @functools.cached_property
+    def _cls_by_depth(self) -> list[np.ndarray]:
+        ds = self._trie.depth_start
+        return [self._node_cls[ds[d] : ds[d + 1]] for d in range(self._trie.max_depth)]
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -442,7 +452,7 @@ class TokenIndex:
             rows = (len(self._rows) - len(self._pending)) * self._n_words * 4 + int(self._pending_pairs.nbytes)
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
             budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
-        per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self._node_cls.nbytes) + 8 * len(self._row_of)
+        per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self.__dict__["_node_cls"].nbytes if "_node_cls" in self.__dict__ else 0) + 8 * len(self._row_of)
         return rows + table + per_dfa + budget
 
     # ---- mask computation

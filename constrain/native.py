@@ -553,7 +553,7 @@ static inline int32_t child_by_byte(const uint8_t *node_byte, int32_t lo, int32_
     return lo < end && node_byte[lo] == b ? lo : -1;
 }
 
-static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, const int32_t *child_start,
+static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, const int32_t *child_start,
                     const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
                     const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
                     int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
@@ -587,7 +587,7 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
             node = cur[depth]++;
         }
         if (flags && !(flags[node] & X_BELOW)) continue;
-        int32_t s = tflat[(int64_t)from[depth] * k + node_cls[node]];
+        int32_t s = tflat[(int64_t)from[depth] * k + byte_class[node_byte[node]]];
         if (s < 0) continue;
         if (++live > dense_after) break;
         int32_t tc = term_count[node];
@@ -615,10 +615,10 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
     if (stop_after) return -2;
     /* in order: every node's state from its parent's (parents come first) */
     const int32_t *row = tflat + (int64_t)state * k;
-    for (int32_t x = 0; x < n_first; x++) node_state[x] = row[node_cls[x]];
+    for (int32_t x = 0; x < n_first; x++) node_state[x] = row[byte_class[node_byte[x]]];
     for (int32_t x = n_first; x < n_nodes; x++) {
         int32_t p = node_state[parent[x]];
-        node_state[x] = p < 0 ? -1 : tflat[(int64_t)p * k + node_cls[x]];
+        node_state[x] = p < 0 ? -1 : tflat[(int64_t)p * k + byte_class[node_byte[x]]];
     }
     live = 0;
     for (int32_t x = 0; x < n_nodes; x++) live += node_state[x] >= 0;
@@ -635,7 +635,7 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *node_cls, co
 
 /* One state's whole mask: `walk` with the walker's fixed arguments in one array (one ctypes conversion instead of
    twenty), the EOS and special-token bits added, and the mask's canonical sparse form.
-   a = {tflat, k, node_cls, child_start, child_count, term_start, term_count, term_tokens, parent, term_node, n_nodes,
+   a = {tflat, k, byte_class (int32 [256]: each byte's class), child_start, child_count, term_start, term_count, term_tokens, parent, term_node, n_nodes,
         n_terms, dense_after, n_first, max_depth, n_words, accepting (uint8 per state), n_eos, eos ids,
         n_specials, special ids, special classes, share_after, first-byte subtree sizes, wide_nodes, node_byte,
         cls_off, cls_bytes}, addresses as integers (`cls_off`, int32 [k + 1], and `cls_bytes`, uint8 [256]: the
@@ -673,10 +673,11 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
     int32_t k = (int32_t)a[1];
     clear_last(a, words, seen, touched, dests);
     if (share) {
-        const int32_t *row = tflat + (int64_t)state * k, *node_cls = P(2);
+        const int32_t *row = tflat + (int64_t)state * k, *byte_class = P(2);
+        const uint8_t *node_byte = (const uint8_t *)(intptr_t)a[25];
         const int64_t *below = (const int64_t *)(intptr_t)a[23];
         int64_t n = 0;
-        for (int64_t x = 0; x < a[13]; x++) n += row[node_cls[x]] >= 0 ? below[x] : 0;
+        for (int64_t x = 0; x < a[13]; x++) n += row[byte_class[node_byte[x]]] >= 0 ? below[x] : 0;
         if (n >= a[24]) return -2;
     }
     int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
@@ -929,9 +930,10 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
 /* How many first bytes of a token keep the DFA live from `state` (a structural state: a few). */
 int32_t constrain_first_live(const int64_t *a, int32_t state) {
     const int32_t *row = (const int32_t *)(intptr_t)a[0] + (int64_t)state * a[1];
-    const int32_t *node_cls = (const int32_t *)(intptr_t)a[2];
+    const int32_t *byte_class = (const int32_t *)(intptr_t)a[2];
+    const uint8_t *node_byte = (const uint8_t *)(intptr_t)a[25];
     int32_t n = 0;
-    for (int64_t x = 0; x < a[13]; x++) n += row[node_cls[x]] >= 0;
+    for (int64_t x = 0; x < a[13]; x++) n += row[byte_class[node_byte[x]]] >= 0;
     return n;
 }
 
@@ -1394,15 +1396,14 @@ class NativeAutomata:
         return out.astype(np.int64), n_blocks
 
 
-    def walker(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, node_cls: np.ndarray, trie,
-               n_words: int,
+    def walker(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, trie, n_words: int,
                accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]
                ) -> "TrieWalker":
         """A walker of the int32 transition table `tflat` (row-major, n_classes per state, the last row dead) over
-        `trie`, whose bytes have the DFA classes `byte_class` (256; `node_cls`: per trie node); masks of `n_words` words with the `eos` ids
+        `trie`, whose bytes have the DFA classes `byte_class` (256); masks of `n_words` words with the `eos` ids
         allowed in `accepting` states and each of `specials` allowed where its class (`special_classes`) has a
         transition."""
-        return TrieWalker(self, tflat, n_classes, byte_class, node_cls, trie, n_words, accepting, eos, specials,
+        return TrieWalker(self, tflat, n_classes, byte_class, trie, n_words, accepting, eos, specials,
                           special_classes)
 
 
@@ -1449,11 +1450,11 @@ class TrieWalker:
     _MANY_WORDS = 256
 
     def __init__(self, lib: "NativeAutomata", tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
-                 node_cls: np.ndarray, trie, n_words: int, accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int],
+                 trie, n_words: int, accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int],
                  special_classes: Sequence[int]):
         parent = _parents(trie)
         byte_class = np.asarray(byte_class[:256], np.int64)
-        keep = [np.ascontiguousarray(a, dtype=np.int32) for a in (tflat, node_cls, trie.child_start, trie.child_count,
+        keep = [np.ascontiguousarray(a, dtype=np.int32) for a in (tflat, byte_class, trie.child_start, trie.child_count,
                                                                    trie.term_start, trie.term_count, trie.term_tokens,
                                                                    parent, trie.term_node)]
         acc = np.ascontiguousarray(accepting, dtype=np.uint8)
