@@ -13,7 +13,7 @@ import pytest
 from server_utils import demo_server, run_load, stats_of
 
 CLIENTS, PER_CLIENT, MAX_TOKENS = 32, 3, 32
-CACHE_BYTES = 40 << 20  # holds the load run's 10 compiled policies (~3 MB each), not the warm-up's 20
+CACHE_BYTES = 20 << 20  # holds the load run's 10 compiled policies (~1.6 MB each), not the warm-up's 20
 # IndexCache evicts to its bound at each lookup and lazy indexes then grow as generation fills their rows, so between
 # lookups the estimate may pass the bound by what the last requests filled in
 CACHE_GROWTH = CACHE_BYTES // 8
