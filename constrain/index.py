@@ -43,8 +43,8 @@ _PREFILL_S = 0.005
 
 # Before that, every lazy index with the C walk fills in one C call the rows of the states that at most
 # _BATCH_MAX_FIRST first bytes and at most _PREFILL_LIVE trie nodes keep live (structural states: a decoding step
-# through them then never misses; bench_engine.py cold p99, Qwen3: required_20 20 -> 2.6 us, parallel_1to5_of_5
-# 19 -> 2.4 us). A walk given up at _PREFILL_LIVE nodes is wasted; once those reach _PREFILL_WASTE nodes per state,
+# through them then never misses; bench_engine.py cold p99, Qwen3: required_20 25.5 -> 3.3 us, parallel_1to5_of_5
+# 20.1 -> 3.1 us). A walk given up at _PREFILL_LIVE nodes is wasted; once those reach _PREFILL_WASTE nodes per state,
 # the remaining states are walked up to _PREFILL_FLOOR nodes only. Measured cost of that call (median of 5,
 # Qwen3 / Llama 3): required_50 3.1 / 2.9 ms, nested_table 2.4 / 2.3 ms, send_email_to_array 9.1 / 3.1 ms (its
 # e-mail states: 128-512 nodes each), nested_users 13 / 8.8 ms; with 128 nodes for every state, the states
@@ -191,7 +191,8 @@ class TokenIndex:
         self._setup(_trie_for(vocab))
         self._lock = threading.Lock()
         self._rows: list[np.ndarray | None] = []  # None: not read yet, its nonzero words in `_pending`
-        self._pending: dict[int, tuple[int, int]] = {}  # row -> its (word index, value) pairs' span in:
+        # row -> the span of `_pending_pairs` (word index, value) holding its nonzero words
+        self._pending: dict[int, tuple[int, int]] = {}
         self._pending_pairs = np.zeros((0, 2), np.int32)
         self._row_key: dict[bytes, int] = {}
         self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
@@ -277,6 +278,7 @@ class TokenIndex:
 
     @functools.cached_property
     def _cls_by_depth(self) -> list[np.ndarray]:
+        """`_node_cls` depth by depth (views)."""
         ds = self._trie.depth_start
         return [self._node_cls[ds[d] : ds[d + 1]] for d in range(self._trie.max_depth)]
 
@@ -370,7 +372,7 @@ class TokenIndex:
         if state == self._n_states:
             return row_of[state]  # the finished pseudo-state's row is made at construction
         if self._walker is not None:
-            return self._native_row(state)[0]
+            return self._native_row(state)
         walk = self._walk(state)
         mask = self._compute_mask(state, walk)
         with self._lock:
@@ -452,7 +454,9 @@ class TokenIndex:
             rows = (len(self._rows) - len(self._pending)) * self._n_words * 4 + int(self._pending_pairs.nbytes)
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
             budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
-        per_dfa = int(self._tflat.nbytes) + 200 * self._n_states + int(self.__dict__["_node_cls"].nbytes if "_node_cls" in self.__dict__ else 0) + 8 * len(self._row_of)
+        node_cls = self.__dict__.get("_node_cls")  # built only if a numpy walk ran
+        per_dfa = (int(self._tflat.nbytes) + 200 * self._n_states + (0 if node_cls is None else int(node_cls.nbytes))
+                   + 8 * len(self._row_of))
         return rows + table + per_dfa + budget
 
     # ---- mask computation
@@ -781,18 +785,18 @@ class TokenIndex:
                 return
             frontier = np.unique(np.concatenate(dests)) if dests else np.zeros(0, np.intp)
 
-    def _native_row(self, state: int) -> tuple[int, np.ndarray]:
+    def _native_row(self, state: int) -> int:
         """Fill `state`'s row with the C walk (or as a remembered state's row, see `native.TrieWalker`); returns the
-        row and some of the destination states the walk found."""
+        row."""
         row_of = self._row_of
-        words, key, dests, same_as = self._walker.mask(state)
+        words, key, _, same_as = self._walker.mask(state)
         row = row_of[same_as] if same_as >= 0 else -1
         if same_as >= 0 and row < 0:  # another thread has not inserted that state's row yet
-            words, key, dests, _ = self._walker.mask(state, share=False)
+            words, key, _, _ = self._walker.mask(state, share=False)
         with self._lock:
             if row_of[state] < 0:
                 row_of[state] = row if row >= 0 else self._insert_row(words, key)
-            return row_of[state], dests
+            return row_of[state]
 
     def _walk_batch(self, states: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Masks and token destinations of many states in one sparse trie walk (the same as `_compute_mask` and

@@ -635,11 +635,11 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, 
 
 /* One state's whole mask: `walk` with the walker's fixed arguments in one array (one ctypes conversion instead of
    twenty), the EOS and special-token bits added, and the mask's canonical sparse form.
-   a = {tflat, k, byte_class (int32 [256]: each byte's class), child_start, child_count, term_start, term_count, term_tokens, parent, term_node, n_nodes,
-        n_terms, dense_after, n_first, max_depth, n_words, accepting (uint8 per state), n_eos, eos ids,
-        n_specials, special ids, special classes, share_after, first-byte subtree sizes, wide_nodes, node_byte,
-        cls_off, cls_bytes}, addresses as integers (`cls_off`, int32 [k + 1], and `cls_bytes`, uint8 [256]: the
-        bytes of each class, class by class).
+   a = {tflat, k, byte_class (int32 [256]: each byte's class), child_start, child_count, term_start, term_count,
+        term_tokens, parent, term_node, n_nodes, n_terms, dense_after, n_first, max_depth, n_words,
+        accepting (uint8 per state), n_eos, eos ids, n_specials, special ids, special classes, share_after,
+        first-byte subtree sizes, wide_nodes, node_byte, cls_off, cls_bytes}, addresses as integers (`cls_off`,
+        int32 [k + 1], and `cls_bytes`, uint8 [256]: the bytes of each class, class by class).
    Zeroes `words` first. `sparse` (when not NULL) receives the count of nonzero words, or -1 when more than
    `sparse_max`, then each nonzero word's index and value. */
 #define P(i) ((const int32_t *)(intptr_t)a[i])
@@ -692,10 +692,10 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
 /* The masks of `states[0 .. n)` in one call, each walked depth first while at most `live_max` trie nodes are live,
    deduplicated: `row_local[i]` gets the number of state i's distinct mask among this call's, or -1 when more than
    `max_first` bytes leave it live or more nodes are live (`live_max` until the walks given up so far have found
-   `waste_budget` nodes, then `live_floor`), or its mask has more than `sparse_max` nonzero words, or `uniq_data` (`data_cap` entries) is
-   full (left to `constrain_walk`). Distinct mask u is `uniq_data[uniq_off[u] .. uniq_off[u + 1])`, its nonzero
-   words' index and value, by index (`sparse`: 1 + 2 * sparse_max scratch). `words` and `touched` as in
-   `constrain_walk`, left cleared.
+   `waste_budget` nodes, then `live_floor`), or its mask has more than `sparse_max` nonzero words, or `uniq_data`
+   (`data_cap` entries) is full (left to `constrain_walk`). Distinct mask u is
+   `uniq_data[uniq_off[u] .. uniq_off[u + 1])`, its nonzero words' index and value, by index (`sparse`:
+   1 + 2 * sparse_max scratch). `words` and `touched` as in `constrain_walk`, left cleared.
    Returns the number of distinct masks, -1 when out of memory. */
 int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, int32_t max_first, int64_t live_max,
                             int64_t live_floor, int64_t waste_budget, uint32_t *words, int32_t *touched,
@@ -1468,7 +1468,8 @@ class TrieWalker:
         cls_bytes = np.argsort(byte_class, kind="stable").astype(np.uint8)  # the bytes of each class, class by class
         cls_off = np.zeros(n_classes + 1, np.int32)
         np.cumsum(np.bincount(byte_class, minlength=n_classes), out=cls_off[1:])
-        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off)  # C reads them
+        # alive as long as the walker: C reads them
+        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off)
         self._lib = lib
         self._fn = lib._walk
         self._trie = trie
