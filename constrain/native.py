@@ -498,8 +498,9 @@ done:
    Sets the bit of every token whose bytes keep the DFA live from `state` in `words` (zeroed by the caller); marks
    the state each such token ends in, in `seen` (n_states flags) and `tok_state` (per token id), when not NULL.
    Depth first with pruning while few nodes are live; once more than `dense_after` are, it returns -2 with
-   `stop_after`, else starts again breadth first over every node in order (`node_state`: n_nodes scratch), which reads memory sequentially (a string-content
-   state keeps ~all nodes live: 3.9 ms depth first, 0.6 ms in order on Llama 3's 275k nodes).
+   `stop_after`, else starts again breadth first over every node in order (`node_state`: n_nodes scratch), which
+   reads memory sequentially (a string-content state keeps ~all nodes live: 3.9 ms depth first, 0.6 ms in order on
+   Llama 3's 275k nodes).
    Returns the number of live nodes, -1 when out of memory. */
 /* trie node flags for a byte set X (`constrain_xflags`): the node's path holds a byte of X; the node or one below
    it ends a token whose path does */
