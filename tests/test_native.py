@@ -350,6 +350,28 @@ def test_rows_made_on_first_read_equal_the_walks_and_survive_pickling(qwen3_voca
         assert np.array_equal(clone.mask_for_state(s), full) and np.array_equal(table[state_rows[s]], full), s
 
 
+def test_threads_reading_pending_rows_get_one_mask_each(qwen3_vocab, monkeypatch):
+    monkeypatch.setattr(cindex, "_EAGER_ROWS", 0)  # every filled row made on first read
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, qwen3_vocab)
+    assert len(index._pending) > 10
+    seen: list[dict[int, np.ndarray]] = [{} for _ in range(4)]
+
+    def worker(k: int) -> None:
+        for s in np.random.default_rng(k).permutation(dfa.n_states).tolist():
+            seen[k][s] = index.mask_for_state(s)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not index._pending
+    for s in range(dfa.n_states):
+        assert all(seen[k][s] is seen[0][s] for k in range(4)), s  # one array per row, made once
+        assert np.array_equal(seen[0][s], index._walker.mask(s, share=False)[0].view(np.int32)), s
+
+
 def test_a_full_output_buffer_leaves_the_remaining_states_to_the_lazy_walk(qwen3_vocab, monkeypatch):
     dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
     states = np.arange(dfa.n_states, dtype=np.int32)
