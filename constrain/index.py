@@ -56,9 +56,10 @@ _PREFILL_WASTE = 16
 
 # Of the new rows that fill gives, the first _EAGER_ROWS (the states nearest the start) are made at once in blocks
 # with every page mapped (madvise MADV_POPULATE_READ), the others on first read: a fresh row's first read otherwise
-# faults in its pages (~5 us for Qwen3's 4,740 words), and making all 883 rows of required_50 costs ~2 ms more
-# than none (512: ~1 ms). Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms
-# without, 1-45 ms with: the kernel zeroes or compacts 2 MiB at a time).
+# faults in its pages (~5 us for Qwen3's 4,740 words), and making them costs: index + first mask of required_50
+# (Qwen3, 883 rows, median of 7) 2.7 ms with none made at once, 5.3 ms with all (`_make_rows` of 512: 1.8 ms).
+# Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms without, 1-45 ms with:
+# the kernel zeroes or compacts 2 MiB at a time).
 _EAGER_ROWS = 512
 
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
@@ -159,9 +160,10 @@ class TokenIndex:
     the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
 
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
-    use (idempotently; a state's first use also fills two of its structural successors with the C walk, or up to 32
-    states two tokens ahead with the numpy walks) and deduplicated, so equal masks share one row of `mask_table()`.
-    With the C walk, a DFA of at most 1,024 states has its rows filled at construction (within 5 ms).
+    use (idempotently; with the numpy walks a state's first use also fills up to 32 states two tokens ahead) and
+    deduplicated, so equal masks share one row of `mask_table()`. With the C walk, every structural state's row is
+    filled at construction in one call (`_prefill_structural`), and a DFA of at most 1,024 states has its other rows
+    filled there too (within 5 ms).
     With the C walk, a wide state (string content: most of the trie live, a 0.3-1 ms walk) takes its mask from an
     earlier wide state of the same index, or from the vocabulary's reference masks (`references`), when the two keep
     the same byte strings live up to the longest token, but for strings through a few bytes (the closing quote,
@@ -500,7 +502,7 @@ class TokenIndex:
             row_key, rows, pending = self._row_key, self._rows, self._pending
             row_of_u = [0] * n_uniq
             new: list[int] = []  # the distinct masks that are new rows, in the states' breadth-first order
-            dense: list[int] = []  # those with more nonzero words than a sparse key holds
+            dense: list[int] = []  # those with more nonzero words than a sparse key holds: keyed by `_insert_row`
             for u in range(n_uniq):
                 lo, hi = bounds[u], bounds[u + 1]
                 if hi - lo > 8 * _native.SPARSE_MAX:
@@ -514,11 +516,11 @@ class TokenIndex:
                 row_of_u[u] = r
             first = len(rows)
             rows.extend([None] * len(new))
-            for u in dense:  # keyed by their full words, as `sparse_key` does
+            for u in dense:
                 words = np.zeros(self._n_words, np.int32)
                 part = pairs[bounds[u] // 8 : bounds[u + 1] // 8]
                 words[part[:, 0]] = part[:, 1]
-                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())
+                row_of_u[u] = self._insert_row(words)
             self._pending_pairs = pairs
             lazy_from = min(len(new), _EAGER_ROWS)
             pair_at = (off // 2).tolist()
