@@ -502,7 +502,9 @@ class _Compiler:
                 return None  # the compile itself reports a bad $ref where it meets it
 
         rank = ranked_names(schemas, self.key_rank, lookup)
-        if self.key_rank is not None and len(rank) == len(self.key_rank):
+        # No new name: the same ranking. An empty one orders nothing, so it is no ranking at all, and the plain
+        # automata (the shared free-form value: 10 ms on nested_table's `oneOf`s over `{"type": "array"}`) serve.
+        if len(rank) == len(self.key_rank or ()):
             return self
         self._ranks.append(rank)
         other = object.__new__(_Compiler)

@@ -105,6 +105,15 @@ def test_free_form_values_nest_at_most_max_depth():
     check({}, ["[1]"], ["[[1]]"], max_depth=1)
 
 
+def test_oneof_naming_no_property_writes_free_form_values_as_anyof_does():
+    # an empty key ranking orders nothing: the oneOf's free-form array is the plain one (keys in any order)
+    branches = [{"type": "string"}, {"type": "array"}]
+    one = compile_schema({"oneOf": branches}).dfa
+    either = compile_schema({"anyOf": branches}).dfa
+    assert fa.compile(fa.difference(one, either)).is_empty and fa.compile(fa.difference(either, one)).is_empty
+    check({"oneOf": branches}, ['[{"b":1,"a":[2]}]', '"x"'], ['[1,]', "1"])
+
+
 def test_allof_merges_properties_in_part_order():
     schema = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}, "a": {"minimum": 3}}, "required": ["b"]}]}
     check(schema, ['{"b":"x"}', '{"a":3,"b":"x"}'], ['{"b":"x","a":3}', '{"a":2,"b":"x"}', '{"a":3}'])
