@@ -229,6 +229,23 @@ _ASSERTED = {
 }
 
 
+# Per draft, every format name that draft's specification defines, plus those python-jsonschema 4.26 checks under it
+# beyond the specification (`regex` and `idn-email` in drafts 3-6). A name in none of them is a custom format, which
+# JSON Schema leaves to the application: validators ignore it, and so does constrain (see `is_asserted`).
+_DRAFT4_NAMES = frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri", "regex", "idn-email"})
+_DRAFT6_NAMES = _DRAFT4_NAMES | {"uri-reference", "uri-template", "json-pointer"}
+_DRAFT7_NAMES = _DRAFT6_NAMES | {"date", "time", "iri", "iri-reference", "idn-hostname", "relative-json-pointer"}
+_DEFINED = {
+    "draft3": frozenset({"date-time", "date", "time", "utc-millisec", "regex", "color", "style", "phone", "uri", "email",
+                         "ip-address", "ipv6", "host-name", "idn-email"}),
+    "draft4": _DRAFT4_NAMES,
+    "draft6": _DRAFT6_NAMES,
+    "draft7": _DRAFT7_NAMES,
+    "draft2019-09": _DRAFT7_NAMES | {"duration", "uuid"},
+    "draft2020-12": _DRAFT7_NAMES | {"duration", "uuid"},
+}
+
+
 def draft_of(schema: object) -> str:
     """The draft python-jsonschema validates `schema` under: its `$schema` when it names a known meta-schema, else
     Draft 2020-12 (`validator_for`'s default, and the oracle's)."""
@@ -246,14 +263,16 @@ def is_asserted(name: str, draft: str, *, pointer: str = "") -> bool:
     """Whether `format: name` asserts anything under `draft` (see `draft_of`).
 
     A supported format that the draft does not define (draft 4 and 6: date, time, duration, uuid; draft 7: duration,
-    uuid) is an annotation under that draft, as python-jsonschema treats it: False. Names constrain does not
-    support are True, so that `format_expr` refuses them.
+    uuid) is an annotation under that draft, as python-jsonschema treats it: False. So is a custom format, one that no
+    specification of the draft defines (`url`, `byte`, `semver`, ...: JSON Schema leaves those to the application,
+    and validators pass every value). A name the draft defines that constrain does not support (`uri-reference`,
+    `regex`, ...) is True, so that `format_expr` refuses it.
 
     Raises:
         UnsupportedSchema: draft 3's `time` (a different language: `HH:MM:SS` without offset).
     """
     if name not in _FORMATS:
-        return True
+        return name in _DEFINED.get(draft, _DEFINED["draft2020-12"])
     if draft == "draft3" and name == "time":
         raise UnsupportedSchema("format 'time' under draft 3 (HH:MM:SS) is not supported", pointer=pointer)
     return name in _ASSERTED.get(draft, _ASSERTED["draft2020-12"])

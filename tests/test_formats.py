@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema
 from constrain.formats import SUPPORTED_FORMATS, format_expr
+from constrain.schema import compile_schema
 from paths import DATA  # noqa: E402
 
 CHECKER = Draft202012Validator.FORMAT_CHECKER
@@ -296,6 +297,43 @@ def test_asserted_formats_are_the_ones_the_drafts_checker_checks(name, draft):
     cls = {"draft4": jsonschema.Draft4Validator, "draft6": jsonschema.Draft6Validator, "draft7": jsonschema.Draft7Validator,
            "draft2019-09": jsonschema.Draft201909Validator, "draft2020-12": jsonschema.Draft202012Validator}[draft]
     assert is_asserted(name, draft) == (name in cls.FORMAT_CHECKER.checkers)
+
+
+@pytest.mark.parametrize("draft", ["draft3", "draft4", "draft6", "draft7", "draft2019-09", "draft2020-12"])
+def test_formats_left_as_annotations_are_ones_the_drafts_checker_does_not_check(draft):
+    # no false accept against python-jsonschema: what constrain does not enforce, the oracle does not check either
+    import jsonschema
+
+    from constrain.formats import _DEFINED, is_asserted
+
+    cls = {"draft3": jsonschema.Draft3Validator, "draft4": jsonschema.Draft4Validator,
+           "draft6": jsonschema.Draft6Validator, "draft7": jsonschema.Draft7Validator,
+           "draft2019-09": jsonschema.Draft201909Validator, "draft2020-12": jsonschema.Draft202012Validator}[draft]
+    names = set(cls.FORMAT_CHECKER.checkers) | set().union(*_DEFINED.values()) | {"url", "byte", "semver", "URI", "topic"}
+    for name in sorted(names - {"time"} if draft == "draft3" else names):
+        if not is_asserted(name, draft):
+            assert name not in cls.FORMAT_CHECKER.checkers, name
+
+
+@pytest.mark.parametrize("name", ["url", "byte", "semver", "topic", "URI", "datetime"])
+def test_custom_format_is_an_annotation_reported_in_ignored_keywords(name):
+    compiled = compile_schema({"type": "object", "properties": {"x": {"type": "string", "format": name}}})
+    assert compiled.dfa.matches(b'{"x":"any text at all"}')
+    assert compiled.ignored_keywords == ["/properties/x/format"]
+
+
+@pytest.mark.parametrize("name", ["uri-reference", "iri", "regex", "json-pointer", "idn-hostname"])
+def test_format_the_draft_defines_but_constrain_cannot_enforce_is_refused(name):
+    with pytest.raises(UnsupportedSchema) as info:
+        compile_schema({"type": "string", "format": name})
+    assert info.value.pointer == "/format"
+    # draft 4 defines none of these but `regex`: there they are custom formats
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "string", "format": name}
+    if name == "regex":
+        with pytest.raises(UnsupportedSchema):
+            compile_schema(draft4)
+    else:
+        assert compile_schema(draft4).ignored_keywords == ["/format"]
 
 
 def test_draft3_time_is_refused():
