@@ -331,7 +331,8 @@ class Dfa(Expr):
     """
 
     __slots__ = (
-        "n_states", "start", "n_classes", "class_of", "specials", "transitions", "accepting", "_digest", "_rows", "_edges"
+        "n_states", "start", "n_classes", "class_of", "specials", "transitions", "accepting", "_digest", "_rows", "_edges",
+        "_contracted",
     )
 
     def __init__(self, transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int = 0):
@@ -347,6 +348,7 @@ class Dfa(Expr):
         self._digest: str | None = None
         self._rows: list[list[int]] | None = None
         self._edges: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]] = {}
+        self._contracted: tuple[Dfa, Counters | None] | None = None  # `contract_counters`, on first use
 
     def __getstate__(self):
         return (self.transitions, self.accepting, self.class_of, self.specials, self.start)
@@ -439,11 +441,149 @@ class Dfa(Expr):
         return -1 if cls < 0 else int(self.transitions[state, cls])
 
     def matches(self, data: bytes) -> bool:
-        """True when `data` is in the language."""
+        """True when `data` is in the language (with counted strings: their bounds kept, see `counted_chars`)."""
         if self.is_empty:
             return False
+        if any(sid < 0 for sid in self.specials):
+            plain, counters = contract_counters(self)  # (cached on the automaton)
+            state = counters.walk(plain, plain.start, data, 0, -1)[0] if counters is not None else -1
+            return state >= 0 and bool(plain.accepting[state])
         state = self.step(self.start, data)
         return state >= 0 and bool(self.accepting[state])
+
+
+# ---------------------------------------------------------------------------
+# Counted strings: a long `maxLength` kept by a counter beside the automaton
+# ---------------------------------------------------------------------------
+#
+# A JSON string of at most N characters needs N automaton states when unrolled (a Snowplow `maxLength: 65535` is
+# 200k+ states, over the state budget). `counted_chars` instead spells its characters as an unbounded loop with
+# three marker symbols around and inside it: OPEN(n) after the opening quote (n: the characters allowed), TICK after
+# each character, CLOSE after the closing quote. Markers are special symbols with negative ids (never tokens);
+# every state that takes a marker takes nothing else, so `contract_counters` folds each marker into the byte
+# transition before it: the plain automaton (the loop unbounded) plus an effect per transition, which a cursor
+# applies to a count. A product (`intersect`, `difference`) of an automaton with markers would compare marker
+# spellings, not strings, so it raises `CountedProduct` and the caller compiles without counters instead.
+
+MARK_TICK = -2
+MARK_CLOSE = -3
+_MARK_OPEN_BASE = -(1 << 40)  # OPEN(n) is _MARK_OPEN_BASE - n
+# Effects of a contracted transition.
+EFFECT_NONE, EFFECT_TICK, EFFECT_CLOSE, EFFECT_OPEN = 0, 1, 2, 3  # OPEN(limits[i]) is EFFECT_OPEN + i
+
+
+class CountedProduct(UnsupportedSchema):
+    """A product of automata where one holds counted strings (internal: the schema compiler retries without them)."""
+
+
+def counted_chars(limit: int, char: Expr) -> Expr:
+    """At most `limit` repetitions of `char` (one character each), with the markers a cursor counts them by: the
+    content of a counted string, whose closing delimiter `counted_close` must follow. What precedes must leave
+    nothing else possible (an opening quote), and `char` may not spell the closing delimiter."""
+    if limit < 0:
+        raise InternalError(f"a counted string's limit must be >= 0, got {limit}")
+    return concat(special(_MARK_OPEN_BASE - limit), repeat(concat(char, special(MARK_TICK)), 0))
+
+
+def counted_close() -> Expr:
+    """The marker right after a counted string's closing delimiter."""
+    return special(MARK_CLOSE)
+
+
+def has_counters(dfa: Dfa) -> bool:
+    """Whether `dfa` holds counted strings (marker symbols)."""
+    return any(sid < 0 for sid in dfa.specials)
+
+
+@dataclass(frozen=True, eq=False)
+class Counters:
+    """The counters of a contracted automaton: `effect[s, c]` (int8) is what the transition on class c from state s
+    does to the count (EFFECT_*), `limits[i]` the bound of OPEN effect `EFFECT_OPEN + i`."""
+
+    effect: np.ndarray
+    limits: tuple[int, ...]
+
+    def walk(self, plain: Dfa, state: int, data: bytes, count: int, limit: int) -> tuple[int, int, int]:
+        """`(state, count, limit)` after `data` (state -1: dead or over a bound; limit -1: outside a counted string).
+        Ending inside a character that a bound leaves no room for is not checked here (see `TokenIndex`)."""
+        rows, class_of, effect = plain.rows(), plain.class_of, self.effect
+        for byte in data:
+            if state < 0:
+                return -1, count, limit
+            cls = class_of[byte]
+            e = int(effect[state, cls])
+            state = rows[state][cls]
+            if e == EFFECT_TICK:
+                count += 1
+                if 0 <= limit < count:
+                    return -1, count, limit
+            elif e == EFFECT_CLOSE:
+                limit = -1
+            elif e >= EFFECT_OPEN:
+                count, limit = 0, self.limits[e - EFFECT_OPEN]
+        return state, count, limit
+
+
+def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
+    """`dfa` without its marker symbols (see `counted_chars`) and the effects they leave on the transitions before
+    them; `(dfa, None)` when it has none.
+
+    Raises:
+        UnsupportedSchema: a state takes a marker and something else (a counted string beside another alternative
+            that starts alike, e.g. two strings in one `anyOf`): the markers cannot be folded.
+    """
+    if dfa._contracted is not None:
+        return dfa._contracted
+    marks = [(i, sid) for i, sid in enumerate(dfa.specials) if sid < 0]
+    if not marks or dfa.is_empty:
+        return dfa, None
+    trans = np.asarray(dfa.transitions)
+    class_of = np.asarray(dfa.class_of)
+    n, k = trans.shape
+    keep_symbols = list(range(N_BYTES)) + [N_BYTES + i for i, sid in enumerate(dfa.specials) if sid >= 0]
+    plain_cols = np.unique(class_of[keep_symbols])
+    limits = sorted({_MARK_OPEN_BASE - sid for _, sid in marks if sid <= _MARK_OPEN_BASE})
+    code_of_class: dict[int, int] = {}
+    for i, sid in marks:
+        code = EFFECT_TICK if sid == MARK_TICK else EFFECT_CLOSE if sid == MARK_CLOSE else EFFECT_OPEN + limits.index(_MARK_OPEN_BASE - sid)
+        cls = int(class_of[N_BYTES + i])
+        if cls in plain_cols or code_of_class.get(cls, code) != code:
+            if (trans[:, cls] >= 0).any():
+                raise UnsupportedSchema("a string with a long maxLength shares its class with another symbol")
+            continue  # a marker never taken (its class is the dead one)
+        code_of_class[cls] = code
+    mark_cols = np.asarray(sorted(code_of_class), np.int64)
+    live_mark = trans[:, mark_cols] >= 0 if len(mark_cols) else np.zeros((n, 0), bool)
+    marked = live_mark.any(axis=1)
+    if (live_mark.sum(axis=1) > 1).any() or (marked & ((trans[:, plain_cols] >= 0).any(axis=1) | dfa.accepting)).any():
+        raise UnsupportedSchema("a string with a long maxLength (counted) lies beside another alternative that starts "
+                                "alike; the counter cannot be kept")
+    # each marked state: the state after its marker, and that marker's effect
+    after = np.full(n, -1, np.int64)
+    code = np.zeros(n, np.int8)
+    rows, cols = np.nonzero(live_mark)
+    after[rows] = trans[rows, mark_cols[cols]]
+    code[rows] = [code_of_class[int(mark_cols[c])] for c in cols]
+    if marked[after[marked]].any():
+        raise UnsupportedSchema("two counted-string markers follow each other")
+    if marked[dfa.start]:
+        raise UnsupportedSchema("an automaton may not start with a counted-string marker")
+    kept = np.flatnonzero(~marked)
+    new_id = np.full(n, -1, np.int64)
+    new_id[kept] = np.arange(len(kept))
+    table = trans[kept].astype(np.int64)
+    effect = np.zeros(table.shape, np.int8)
+    into_mark = (table >= 0) & marked[np.maximum(table, 0)]
+    effect[into_mark] = code[table[into_mark]]
+    table[into_mark] = after[table[into_mark]]
+    live = table >= 0
+    table[live] = new_id[table[live]]
+    table[:, mark_cols] = -1
+    specials = tuple(sid for sid in dfa.specials if sid >= 0)
+    new_class_of = class_of[keep_symbols]
+    plain = Dfa(table.astype(np.int32), dfa.accepting[kept], new_class_of, specials, int(new_id[dfa.start]))
+    dfa._contracted = (plain, Counters(effect, tuple(limits)))
+    return dfa._contracted
 
 
 _EMPTY_LANGUAGE = None
@@ -1182,6 +1322,8 @@ def _minimise(
 
 def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     """Intersection (keep_b) or difference (not keep_b) of two DFAs."""
+    if has_counters(a) or has_counters(b):
+        raise CountedProduct("a product of automata with counted strings")
     specials = tuple(sorted(set(a.specials) | set(b.specials)))
     n_symbols = N_BYTES + len(specials)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import BudgetExceeded, check_deadlines
+from constrain.automaton import EFFECT_CLOSE, EFFECT_OPEN, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters
 from constrain.errors import InternalError, MaskViolation
 from constrain.trie import _Trie, _trie_for
 
@@ -211,7 +211,12 @@ class TokenIndex:
     # ---- construction helpers
 
     def _setup(self, trie: _Trie) -> None:
-        dfa, vocab = self._dfa, self._vocab
+        # Counted strings (`fa.counted_chars`): the cursor walks the automaton without their markers and keeps their
+        # counts itself; masks are the plain automaton's except within a token's length of a bound (`_counted_row`).
+        dfa, counters = contract_counters(self._dfa)
+        vocab = self._vocab
+        self._plain = dfa
+        self._counters = counters
         transitions = np.asarray(dfa.transitions)
         class_of = np.asarray(dfa.class_of)
         n_states, n_classes = int(dfa.n_states), int(dfa.n_classes)
@@ -271,6 +276,16 @@ class TokenIndex:
             self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
+        self._counted_rows: dict[tuple[int, int, int | None], int] = {}
+        self._need_list: list[int] | None = None
+        if counters is not None:
+            if min(counters.limits) <= trie.max_depth:
+                raise InternalError(f"a counted string's bound ({min(counters.limits)} characters) is within the longest "
+                                    f"token's {trie.max_depth} bytes")
+            effect = np.concatenate([counters.effect, np.zeros((1, n_classes), np.int8)]).ravel()
+            self._eff_flat = effect
+            self._eff_view = memoryview(effect)
+            self._limits = counters.limits
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:
@@ -322,8 +337,9 @@ class TokenIndex:
 
     @property
     def dfa(self) -> Any:
-        """The DFA this index was built from."""
-        return self._dfa
+        """The DFA whose states the cursors walk: the one this index was built from, unless that has counted strings
+        (`fa.counted_chars`), whose markers are folded away here (their bounds are kept by the cursors)."""
+        return self._plain
 
     @property
     def vocab(self) -> Any:
@@ -342,7 +358,7 @@ class TokenIndex:
 
     def start(self) -> TokenState:
         """A fresh cursor at the DFA's start state (nothing generated yet)."""
-        return TokenState(self, int(self._dfa.start))
+        return TokenState(self, int(self._plain.start))
 
     def mask_for_state(self, state: int, budget: int | None = None) -> np.ndarray:
         """The packed mask of DFA state `state` (read-only int32 [n_words]); computes and caches it on first use.
@@ -406,7 +422,7 @@ class TokenIndex:
         Raises:
             InternalError: no token sequence of this vocabulary is accepted.
         """
-        return self.min_tokens(int(self._dfa.start))
+        return self.min_tokens(int(self._plain.start))
 
     def budget_horizon(self, state: int) -> int:
         """A budget from which on `state`'s budgeted mask is its unbudgeted one (the same cached row).
@@ -475,6 +491,63 @@ class TokenIndex:
             mask.flags.writeable = False
             self._rows.append(mask)
             self._row_key[key] = row
+        return row
+
+    # ---- counted strings
+
+    def _need_tick(self, state: int) -> int:
+        """1 when a counted string at `state` (inside a character or an escape) takes one more character before it
+        can close, else 0."""
+        if self._need_list is None:
+            effect = self._counters.effect
+            trans = np.asarray(self._plain.transitions)
+            can_close = (effect == EFFECT_CLOSE).any(axis=1)
+            quiet = (effect == 0) & (trans >= 0)  # transitions that count nothing
+            target = np.maximum(trans, 0)
+            while True:  # states that reach a closing transition without counting (a few rounds: escapes)
+                grown = can_close | (quiet & can_close[target]).any(axis=1)
+                if (grown == can_close).all():
+                    break
+                can_close = grown
+            self._need_list = (~can_close).astype(np.int8).tolist()
+        return self._need_list[state]
+
+    def _counted_row(self, state: int, room: int, budget: int | None) -> int:
+        """The row of `state`'s mask inside a counted string with `room` characters left (at most the longest token's
+        bytes): the plain mask (under `budget`) without the tokens that would pass the bound, or end inside a
+        character with no room for it."""
+        key = (state, room, budget)
+        row = self._counted_rows.get(key)
+        if row is not None:
+            return row
+        base = self._row_words(self.row_for_state(state, budget))
+        trie, k = self._trie, self._n_classes
+        ds = trie.depth_start
+        tflat, eflat = self._tflat, self._eff_flat
+        node_cls = self._node_cls
+        self._need_tick(state)
+        need = np.asarray(self._need_list + [0], np.int64)  # [-1]: the dead state
+        node_ok = np.zeros(trie.n_nodes, bool)
+        states = np.full(1, state, np.int64)
+        counts = np.zeros(1, np.int64)
+        closed = np.zeros(1, bool)
+        for d in range(1, trie.max_depth + 1):
+            lo, hi = ds[d - 1], ds[d]
+            parent = np.zeros(hi - lo, np.int64) if d == 1 else trie.parent_local[lo:hi]
+            at = states[parent] * k + node_cls[lo:hi]  # a dead parent (-1) lands in the dead row
+            effect = eflat[at]
+            states = tflat[at].astype(np.int64)
+            closed = closed[parent] | (effect >= EFFECT_CLOSE)  # closed, or a new string (bound > any token)
+            counts = counts[parent] + (effect == EFFECT_TICK)
+            states[~closed & (counts > room)] = -1
+            node_ok[lo:hi] = (states >= 0) & (closed | (counts + need[states] <= room))
+            if not (states >= 0).any():
+                break
+        ok = np.ones(self._n_words * 32, bool)
+        ok[trie.term_tokens] = node_ok[trie.term_node]
+        mask = base & np.packbits(ok, bitorder="little").view(np.int32)
+        with self._lock:
+            row = self._counted_rows[key] = self._insert_row(mask)
         return row
 
     def _finished_mask(self) -> np.ndarray:
@@ -973,12 +1046,16 @@ class TokenState:
     Small and cheap to fork; never share one between sequences. Made by `TokenIndex.start()`.
     """
 
-    __slots__ = ("_index", "_state", "_finished")
+    # `_count`/`_limit`: inside a counted string (`fa.counted_chars`), the characters written and the bound; limit -1
+    # outside one.
+    __slots__ = ("_index", "_state", "_finished", "_count", "_limit")
 
-    def __init__(self, index: TokenIndex, state: int, finished: bool = False):
+    def __init__(self, index: TokenIndex, state: int, finished: bool = False, count: int = 0, limit: int = -1):
         self._index = index
         self._state = state
         self._finished = finished
+        self._count = count
+        self._limit = limit
 
     @property
     def index(self) -> TokenIndex:
@@ -1001,6 +1078,8 @@ class TokenState:
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
+        if self._limit >= 0 and self._limit - self._count <= idx._trie.max_depth:
+            return idx._counted_row(self._state, self._limit - self._count, budget)
         return idx.row_for_state(idx._n_states if self._finished else self._state, budget)
 
     def mask(self, budget: int | None = None) -> np.ndarray:
@@ -1016,6 +1095,8 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
+        if self._limit >= 0 and self._limit - self._count <= idx._trie.max_depth:
+            return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
         if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
             return idx._row_words(idx._budget_row(s, budget))
         row = idx._row_of[s]
@@ -1031,7 +1112,7 @@ class TokenState:
 
     def fork(self) -> TokenState:
         """An independent copy at the same position (for beams and speculative branches)."""
-        return TokenState(self._index, self._state, self._finished)
+        return TokenState(self._index, self._state, self._finished, self._count, self._limit)
 
     __copy__ = fork
 
@@ -1083,13 +1164,41 @@ class TokenState:
         if not data:
             self._violation(t, "a token without bytes (an unused slot)")
         cl = idx._cls_list
-        for b in data:
-            s = tr[s * k + cl[b]]
-            if s < 0:
-                self._violation(t, f"the automaton dies on byte {b:#04x}")
+        if idx._counters is not None:
+            s, count, limit = self._counted_walk(t, data, s)
+        else:
+            for b in data:
+                s = tr[s * k + cl[b]]
+                if s < 0:
+                    self._violation(t, f"the automaton dies on byte {b:#04x}")
         if budget is not None and not self._fits(s, budget):
             self._over_budget(t, s, budget)
         self._state = s
+        if idx._counters is not None:
+            self._count, self._limit = count, limit
+
+    def _counted_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int]:
+        """The byte walk of `advance` counting characters of counted strings: `(state, count, limit)` after `data`."""
+        idx = self._index
+        tr, k, cl, eff, limits = idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits
+        count, limit = self._count, self._limit
+        for b in data:
+            at = s * k + cl[b]
+            s = tr[at]
+            if s < 0:
+                self._violation(t, f"the automaton dies on byte {b:#04x}")
+            e = eff[at]
+            if e == EFFECT_TICK:
+                count += 1
+                if 0 <= limit < count:
+                    self._violation(t, f"the string passes its maxLength of {limit} characters (from its counted part)")
+            elif e == EFFECT_CLOSE:
+                limit = -1
+            elif e:
+                count, limit = 0, limits[e - EFFECT_OPEN]
+        if limit >= 0 and count == limit and idx._need_tick(s):
+            self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
+        return s, count, limit
 
     def _fits(self, state: int, budget: int) -> bool:
         idx = self._index

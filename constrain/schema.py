@@ -23,6 +23,10 @@ from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
 from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, JsonSyntax, Whitespace, dump_json
 
 DEFAULT_MAX_DEPTH = 3
+# A plain string whose maxLength leaves at least this many characters beyond minLength is counted beside the
+# automaton (`fa.counted_chars`) instead of unrolled: more than any token spells, so one token never crosses a fresh
+# bound (`TokenIndex` checks), and ~4 states a character fewer (a `maxLength: 65535` string: 200k+ states -> 10).
+COUNTED_MIN_CHARS = 2048
 DEFAULT_MAX_STATES = 100_000
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -190,10 +194,18 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     if opts.strict:
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)
-    compiler = _Compiler(schema, opts, pointer)
-    expr = compiler.value(schema, pointer, ())
-    parts: list[tuple[int, str]] = []
-    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers, parts=parts)
+    # Long maxLengths counted beside the automaton where they can be; where a product meets one, or one lies beside
+    # an alternative that starts alike (the markers cannot be folded), the schema is compiled again without.
+    try:
+        compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=True)
+    except fa.CountedProduct:
+        compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=False)
+    else:
+        if compiler.counted:
+            try:
+                fa.contract_counters(dfa)
+            except UnsupportedSchema:
+                compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=False)
     if dfa.is_empty:
         universe = (
             "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
@@ -205,6 +217,17 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
             pointer=pointer,
         )
     return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)), largest_part(parts, dfa.n_states, pointer))
+
+
+def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, *, counters: bool) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
+    """The compiler and DFA of `schema`; `counters`: long `maxLength`s counted beside the automaton where they can
+    be (see `_Compiler.string`)."""
+    compiler = _Compiler(schema, opts, pointer)
+    compiler.counters = counters
+    expr = compiler.value(schema, pointer, ())
+    parts: list[tuple[int, str]] = []
+    dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers, parts=parts)
+    return compiler, dfa, parts
 
 
 def largest_part(parts: list[tuple[int, str]], states: int, pointer: str) -> str:
@@ -323,10 +346,21 @@ def _listed_strings(node: Any) -> list[str]:
 
 def ranked_names(nodes: Any, rank: dict[str, int] | None, lookup: Callable[[str], Any]) -> dict[str, int]:
     """`rank` extended by every property name `nodes` mention, in the order of first mention: `properties`,
-    `required`, strings listed in `propertyNames`, dependency names; local `$ref`s followed through `lookup` (None:
-    not followed). The key order below a `oneOf` or `not` (docs/guarantees.md), shared with the corpus writer."""
+    `required`, strings listed in `propertyNames`, dependency names, the keys of objects inside `enum` and `const`
+    values; local `$ref`s followed through `lookup` (None: not followed). The key order below a `oneOf` or `not`
+    (docs/guarantees.md), shared with the corpus writer."""
     out = dict(rank or {})
     seen: set[int] = set()
+
+    def literal_keys(value: Any) -> None:
+        # an object value's keys need slots: a ranked object takes at most one key the ranking does not name
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                out.setdefault(name, len(out))
+                literal_keys(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                literal_keys(inner)
 
     def visit(node: Any) -> None:
         if isinstance(node, list):
@@ -355,7 +389,9 @@ def ranked_names(nodes: Any, rank: dict[str, int] | None, lookup: Callable[[str]
                     if isinstance(other, str):
                         out.setdefault(other, len(out))
         for key, value in node.items():
-            if key not in ("enum", "const", "examples", "default"):
+            if key in ("enum", "const"):
+                literal_keys(value)
+            elif key not in ("examples", "default"):
                 visit(value)
 
     visit(nodes)
@@ -469,6 +505,9 @@ class _Compiler:
         # than the universe of the complement nests (ref_limit).
         self.negations = 0
         self.ref_limit = opts.max_depth
+        # Plain strings with a long maxLength may be counted (`string`); `counted` says whether one was.
+        self.counters = False
+        self.counted = False
         # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
         # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
         # a freed one's id could be given to another
@@ -827,7 +866,7 @@ class _Compiler:
             inner.negations = self.negations + 1
             inner.ref_limit = self.opts.max_depth + 1
             positive = fa.compile(inner.value(operand, pointer, refs + (NOT_MARK,)), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
-        except fa.BudgetExceeded:
+        except (fa.BudgetExceeded, fa.CountedProduct):
             raise
         except UnsupportedSchema as err:
             if not self.opts.relax:
@@ -902,6 +941,12 @@ class _Compiler:
 
     def decoded_string(self, schema: dict, pointer: str) -> fa.Expr:
         """The decoded string values (UTF-8) allowed by the string keywords of `schema`."""
+        return self._decoded_string(schema, pointer, False)[0]
+
+    def _decoded_string(self, schema: dict, pointer: str, counted: bool) -> tuple[fa.Expr, bool]:
+        """`decoded_string`, and whether it is counted: with `counted`, a plain string (no asserted pattern or
+        format) whose maxLength leaves `COUNTED_MIN_CHARS` or more characters beyond minLength is its minLength
+        characters, then `fa.counted_chars` (the closing marker is the caller's)."""
         lo = schema.get("minLength", 0)
         hi = schema.get("maxLength")
         for key, v in (("minLength", lo), ("maxLength", hi)):
@@ -909,7 +954,7 @@ class _Compiler:
                 raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
         lo, hi = int(lo), (None if hi is None else int(hi))
         if hi is not None and hi < lo:
-            return fa.NOTHING
+            return fa.NOTHING, False
         parts: list[fa.Expr] = []
         patterns = [(schema["pattern"], join_pointer(pointer, "pattern"))] if "pattern" in schema else []
         patterns += schema.get("_patterns", [])
@@ -933,9 +978,12 @@ class _Compiler:
                 raise UnsupportedSchema(f"'format' {name!r} inside 'not' (or 'if', or 'maxContains') is not supported", pointer=where)
             parts.append(self.point(_formats.format_expr(name, pointer=where), where))
         if not parts and not lo and hi is None:
-            return ANY_TEXT_ANY_LENGTH
+            return ANY_TEXT_ANY_LENGTH, False
+        if not parts and counted and hi is not None and hi - lo >= COUNTED_MIN_CHARS:
+            chars = fa.concat(fa.repeat(fa.ANY_CHAR, lo, lo), fa.counted_chars(hi - lo, fa.ANY_CHAR))
+            return self.point(chars, join_pointer(pointer, "maxLength")), True
         if not parts:
-            return self.point(fa.repeat(fa.ANY_CHAR, lo, hi), join_pointer(pointer, "maxLength" if hi is not None else "minLength"))
+            return self.point(fa.repeat(fa.ANY_CHAR, lo, hi), join_pointer(pointer, "maxLength" if hi is not None else "minLength")), False
         expr = parts[0]
         for part in parts[1:]:
             expr = fa.intersect(expr, part)
@@ -945,12 +993,12 @@ class _Compiler:
             shape = fa.compile(expr, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             shortest, longest = char_length_range(shape)
             if shortest >= lo and longest is not None and (hi is None or longest <= hi):
-                return shape
+                return shape, False
             where = join_pointer(pointer, "maxLength" if hi is not None else "minLength")
             if shape.specials:
-                return fa.intersect(shape, self.point(fa.repeat(fa.ANY_CHAR, lo, hi), where))
-            return self.point(self.length_bounded(shape, lo, hi, where), where)
-        return expr
+                return fa.intersect(shape, self.point(fa.repeat(fa.ANY_CHAR, lo, hi), where)), False
+            return self.point(self.length_bounded(shape, lo, hi, where), where), False
+        return expr, False
 
     def length_bounded(self, shape: fa.Dfa, lo: int, hi: int | None, pointer: str) -> fa.Expr:
         """The strings of `shape` with `lo` to `hi` code points (`shape` has no special symbols).
@@ -1083,9 +1131,15 @@ class _Compiler:
         return fa.Dfa(table, accepting, class_of.astype(np.int32), ())
 
     def string(self, schema: dict, pointer: str) -> fa.Expr:
-        decoded = self.decoded_string(schema, pointer)
+        # Counted in plain JSON outside `not` (a complement would count markers, not characters), and not where
+        # the string gets a pattern or format (those take the length product below).
+        counted = self.counters and not self.negations and type(self.syntax) is JsonSyntax
+        decoded, is_counted = self._decoded_string(schema, pointer, counted)
         if decoded is ANY_TEXT_ANY_LENGTH:
             return _any_string(self.syntax)
+        if is_counted:
+            self.counted = True
+            return fa.concat(self.syntax.string(decoded), fa.counted_close())
         return self.syntax.string(decoded)
 
     def number(self, t: str, schema: dict, pointer: str) -> fa.Expr:
@@ -1368,7 +1422,7 @@ class _Compiler:
                 names_expr = self.property_names(names_schema, names_pointer)
                 names_dfa = fa.compile(names_expr, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             except UnsupportedSchema as err:
-                if isinstance(err, fa.BudgetExceeded) or syntax_name(self.syntax) != "json":
+                if isinstance(err, (fa.BudgetExceeded, fa.CountedProduct)) or syntax_name(self.syntax) != "json":
                     raise
                 # any other subschema: a JSON key is a JSON string text, so the key texts are those of the values
                 # valid against propertyNames (the string texts among them)

@@ -38,9 +38,17 @@ def named(schema) -> set[str]:
                     out |= set(need) if isinstance(need, list) else set()
             if key == "required":
                 out |= set(value)
-            if key not in ("enum", "const"):
-                out |= named(value)
+            out |= literal_keys(value) if key in ("enum", "const") else named(value)
     return out
+
+
+def literal_keys(value) -> set[str]:
+    """The keys of the objects inside an `enum` or `const` value (named too)."""
+    if isinstance(value, dict):
+        return set(value).union(*(literal_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(literal_keys(v) for v in value))
+    return set()
 
 
 def texts(value, sep=(",", ":")) -> list[bytes]:
@@ -82,7 +90,8 @@ def check_against_oracle(schema, instances, validator=jsonschema.Draft202012Vali
 
 VALUES = [None, True, False, 0, 1, -2, 3, 5, 1.5, -0.5, 2.25, 100000, 123456789012345, "", "a", "aaa", "foo", "fooo",
           [], [1], [2], [2, 2], [1, 2, 3], ["a", 1], [[2]], {}, {"a": 1}, {"foo": 1}, {"foo": "x"}, {"b": 2},
-          {"b": 2, "foo": "t"}, {"a": 1, "b": 2}, {"b": [1]}, {"fao": 2}, {"a": {"b": 1}}, {"zz": 1}, {"a": 1, "zz": 2}]
+          {"b": 2, "foo": "t"}, {"a": 1, "b": 2}, {"b": [1]}, {"fao": 2}, {"a": {"b": 1}}, {"zz": 1}, {"a": 1, "zz": 2},
+          {"baz": "bax", "foo": "bar"}, {"bar": 2, "foo": 1}, {"foo": 12, "boo": {"x": 1, "y": [2]}}]
 
 CASES = [
     {"not": {"type": "integer"}},
@@ -129,6 +138,10 @@ CASES = [
     {"propertyNames": {"not": {"pattern": "^f"}}},  # a key is a JSON string text: any subschema applies to it
     {"propertyNames": {"anyOf": [{"maxLength": 1}, {"const": "foo"}]}, "properties": {"foo": {}, "fao": {}}},
     {"propertyNames": {"not": {"enum": ["a", "b"]}}, "additionalProperties": {"type": "integer"}},
+    # objects inside enum/const name their keys: two of them fit one object under `not` (JSONSchemaBench Synthesized)
+    {"allOf": [{"enum": [{"baz": "bax", "foo": "bar"}]}, {"not": {"not": {"enum": [{"baz": "bax", "foo": "bar"}]}}}]},
+    {"allOf": [{"const": {"bar": 2, "foo": 1}}, {"not": {"not": {"maxProperties": 2}}}]},
+    {"not": {"enum": [6, "foo", [], True, {"foo": 12, "boo": {"x": 1, "y": [2]}}]}},
 ]
 
 

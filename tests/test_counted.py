@@ -1,0 +1,152 @@
+"""Counted strings: a long `maxLength` kept by a counter beside the automaton (`fa.counted_chars`).
+
+Checked against the same schema compiled without counters (the bound unrolled into states): the same texts at the
+DFA level, the same masks token by token on real tokenizers, also within a token's length of the bound.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+from constrain import automaton as fa
+from constrain import schema as schema_module
+from constrain.errors import MaskViolation
+from constrain.index import TokenIndex
+from constrain.schema import compile_schema
+
+# maxLength 300, counted from 200 free characters up: the unrolled automaton stays small enough to compare against
+LIMIT = 300
+SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": LIMIT, "minLength": 2}, "maxItems": 3}
+
+
+def both(schema, monkeypatch, threshold=200):
+    """(counted DFA, unrolled DFA) of `schema`."""
+    monkeypatch.setattr(schema_module, "COUNTED_MIN_CHARS", threshold)
+    counted = compile_schema(schema).dfa
+    monkeypatch.setattr(schema_module, "COUNTED_MIN_CHARS", 10**9)
+    unrolled = compile_schema(schema).dfa
+    return counted, unrolled
+
+
+def test_long_max_length_compiles_to_a_few_states_and_keeps_its_bound():
+    dfa = compile_schema({"type": "string", "maxLength": 65535, "minLength": 3}).dfa
+    assert fa.has_counters(dfa) and dfa.n_states < 100  # unrolled: 200k+
+    assert dfa.matches(b'"' + b"a" * 65535 + b'"') and not dfa.matches(b'"' + b"a" * 65536 + b'"')
+    assert dfa.matches('"éé\\n"'.encode()) and not dfa.matches(b'"ab"')
+    # characters, not bytes: 65535 two-byte characters fit, one escape is one character
+    assert dfa.matches('"'.encode() + "é".encode() * 65535 + b'"')
+    assert dfa.matches(b'"' + b"\\u0001" * 65535 + b'"') and not dfa.matches(b'"' + b"\\u0001" * 65536 + b'"')
+
+
+def test_counted_texts_are_the_unrolled_texts(monkeypatch):
+    counted, unrolled = both({"type": "array", "items": {"type": "string", "maxLength": 30, "minLength": 2}},
+                             monkeypatch, threshold=20)
+    assert fa.has_counters(counted) and not fa.has_counters(unrolled)
+    rng = random.Random(0)
+    valid = ["a", "é", "😀", "\\n", '\\"', "\\\\", "\\u0001"]  # one character each
+    invalid = ['"', "\\", "\x01", "\\u0041"]
+    too_long = accepted = 0
+    for _ in range(3000):
+        items = []
+        for _ in range(rng.randint(1, 3)):
+            n = rng.randint(0, 36)
+            items.append('"' + "".join(rng.choice(invalid if rng.random() < 0.01 else valid) for _ in range(n)) + '"')
+            too_long += n > 30
+        text = ("[" + ",".join(items) + "]").encode()
+        assert counted.matches(text) == unrolled.matches(text), text
+        accepted += unrolled.matches(text)
+    assert accepted > 1000 and too_long > 500  # both sides of the bound
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "string", "maxLength": 250}, {"type": "integer"}]},  # oneOf takes products
+    {"anyOf": [{"type": "string", "maxLength": 250}, {"type": "string", "pattern": "^ab"}]},  # two strings: one quote
+    {"not": {"type": "string", "maxLength": 250}},
+    {"type": "string", "maxLength": 250, "pattern": "^[a-z]*$"},
+    {"type": "object", "propertyNames": {"maxLength": 250}},
+])
+def test_where_a_counter_cannot_be_kept_the_bound_is_unrolled(schema, monkeypatch):
+    counted, unrolled = both(schema, monkeypatch)
+    assert not fa.has_counters(counted) and counted == unrolled
+
+
+def _compare_walks(vocab, monkeypatch, n_walks, seed):
+    counted, unrolled = both(SCHEMA, monkeypatch)
+    a, b = TokenIndex(counted, vocab), TokenIndex(unrolled, vocab)
+    assert a.dfa.n_states < 200 < b.dfa.n_states
+    rng = random.Random(seed)
+    lengths = np.array([len(t) for t in vocab.token_bytes])
+    near = 0
+    for _ in range(n_walks):
+        x, y = a.start(), b.start()
+        for _ in range(1000):
+            allowed = x.allowed_token_ids()
+            assert np.array_equal(allowed, y.allowed_token_ids())
+            assert x.mask_row() == x.mask_row() and np.array_equal(x.mask(), a.mask_table()[0][x.mask_row()])
+            near += 0 <= x._limit - x._count <= a._trie.max_depth and x._limit >= 0
+            if y.is_accepting() and rng.random() < 0.05:
+                break
+            byte_tokens = allowed[allowed < vocab.n_tokens]
+            if not len(byte_tokens):
+                break
+            if rng.random() < 0.8:  # long tokens, to reach the bound
+                tok = int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
+            else:
+                tok = int(rng.choice(byte_tokens))
+            x.advance(tok)
+            y.advance(tok)
+    assert near > 50  # states within a token's length of the bound were compared
+
+
+def test_masks_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
+    _compare_walks(llama3_vocab, monkeypatch, 25, seed=1)
+
+
+def test_masks_equal_the_unrolled_masks_gemma4(gemma4_vocab, monkeypatch):
+    # byte-fallback tokens: characters split across tokens, so a token may end inside one near the bound
+    _compare_walks(gemma4_vocab, monkeypatch, 25, seed=2)
+
+
+def _cursor_near_bound(index, vocab, room):
+    """A cursor inside the first string with `room` characters left (written with single-letter tokens)."""
+    a_id = vocab.token_bytes.index(b"a")
+    state = index.start()
+    state.advance(vocab.token_bytes.index(b'["'))
+    for _ in range(LIMIT - room):
+        state.advance(a_id)
+    return state
+
+
+def test_advance_rejects_a_token_past_the_bound(llama3_vocab, monkeypatch):
+    counted, unrolled = both(SCHEMA, monkeypatch)
+    vocab = llama3_vocab
+    x = _cursor_near_bound(TokenIndex(counted, vocab), vocab, 3)
+    y = _cursor_near_bound(TokenIndex(unrolled, vocab), vocab, 3)
+    four = vocab.token_bytes.index(b"abcd")
+    for cursor in (x, y):
+        assert not cursor.allowed_token_ids().tolist().count(four)
+        with pytest.raises(MaskViolation):
+            cursor.advance(four)
+    three = vocab.token_bytes.index(b"abc")
+    x.advance(three)
+    y.advance(three)
+    assert np.array_equal(x.allowed_token_ids(), y.allowed_token_ids())
+    assert vocab.token_bytes.index(b'"]') in x.allowed_token_ids().tolist()
+
+
+def test_fork_and_pickle_keep_the_count(llama3_vocab, monkeypatch):
+    counted, _ = both(SCHEMA, monkeypatch)
+    vocab = llama3_vocab
+    index = TokenIndex(counted, vocab)
+    x = _cursor_near_bound(index, vocab, 5)
+    fork = x.fork()
+    assert np.array_equal(fork.allowed_token_ids(), x.allowed_token_ids())
+    again = pickle.loads(pickle.dumps(index))
+    y = _cursor_near_bound(again, vocab, 5)
+    assert np.array_equal(y.allowed_token_ids(), x.allowed_token_ids())
+    x.advance(vocab.token_bytes.index(b"a"))
+    assert not np.array_equal(fork.allowed_token_ids(), x.allowed_token_ids())  # the fork kept its own count
