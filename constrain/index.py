@@ -451,7 +451,8 @@ class TokenIndex:
         return self._token_costs(state)[: self._vocab_size].astype(np.int32)
 
     def mask_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """A snapshot of the distinct masks computed so far (budgeted masks included, once asked for).
+        """A snapshot of the distinct masks computed so far (budgeted masks and counted strings' masks near their bounds
+        included, once asked for).
 
         Returns:
             `(table, state_rows)`: `table` is int32 [n_rows, n_words] (distinct rows); `state_rows` is int32

@@ -230,6 +230,14 @@ def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, *, counters: b
     return compiler, dfa, parts
 
 
+def _first_symbols(dfa: fa.Dfa) -> frozenset:
+    """The symbols a text of `dfa` may start with: bytes as ints, special symbols as ("special", id)."""
+    if dfa.is_empty:
+        return frozenset()
+    live = np.asarray(dfa.transitions)[dfa.start][np.asarray(dfa.class_of)] >= 0  # per symbol
+    return frozenset(int(x) if x < 256 else ("special", dfa.specials[x - 256]) for x in np.flatnonzero(live))
+
+
 def largest_part(parts: list[tuple[int, str]], states: int, pointer: str) -> str:
     """Where most of a schema's automaton comes from: the deepest pointed part that holds more than half of its
     `states` (a `pattern` rather than the property holding it), else `pointer`. Named when a step after the
@@ -904,9 +912,12 @@ class _Compiler:
     def exactly_one(self, exprs: list[fa.Expr], pointer: str) -> fa.Expr:
         """oneOf: the texts in exactly one branch (the union minus every pairwise overlap)."""
         dfas = [fa.compile(e, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer) for e in exprs]
+        firsts = [_first_symbols(d) for d in dfas]
         overlaps = []
         for i in range(len(dfas)):
             for j in range(i + 1, len(dfas)):
+                if firsts[i].isdisjoint(firsts[j]):
+                    continue  # no text starts in both (e.g. a string branch and a number branch): no product needed
                 both = fa.compile(fa.intersect(dfas[i], dfas[j]), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
                 if not both.is_empty:
                     overlaps.append(both)

@@ -63,7 +63,7 @@ def test_counted_texts_are_the_unrolled_texts(monkeypatch):
 
 
 @pytest.mark.parametrize("schema", [
-    {"oneOf": [{"type": "string", "maxLength": 250}, {"type": "integer"}]},  # oneOf takes products
+    {"oneOf": [{"type": "string", "maxLength": 250}, {"type": "string", "minLength": 3}]},  # overlaps: a product
     {"anyOf": [{"type": "string", "maxLength": 250}, {"type": "string", "pattern": "^ab"}]},  # two strings: one quote
     {"not": {"type": "string", "maxLength": 250}},
     {"type": "string", "maxLength": 250, "pattern": "^[a-z]*$"},
@@ -72,6 +72,13 @@ def test_counted_texts_are_the_unrolled_texts(monkeypatch):
 def test_where_a_counter_cannot_be_kept_the_bound_is_unrolled(schema, monkeypatch):
     counted, unrolled = both(schema, monkeypatch)
     assert not fa.has_counters(counted) and counted == unrolled
+
+
+def test_oneof_branches_that_start_apart_keep_the_counter(monkeypatch):
+    counted, unrolled = both({"oneOf": [{"type": "string", "maxLength": 250}, {"type": "integer"}]}, monkeypatch)
+    assert fa.has_counters(counted)
+    for text in (b'"' + b"x" * 250 + b'"', b'"' + b"x" * 251 + b'"', b"5", b"5.5", b'""'):
+        assert counted.matches(text) == unrolled.matches(text), text
 
 
 def _compare_walks(vocab, monkeypatch, n_walks, seed):

@@ -497,8 +497,8 @@ def test_shared_walks_on_jsonschemabench_give_the_full_walks_masks(request, voca
             continue
         if dfa.n_states > 1500:
             continue
-        index = TokenIndex(dfa, vocab)
-        _shared_masks_match(index, np.random.default_rng(0).permutation(dfa.n_states).tolist())
+        index = TokenIndex(dfa, vocab)  # (its states: `index.dfa`'s, without counted strings' markers)
+        _shared_masks_match(index, np.random.default_rng(0).permutation(index.dfa.n_states).tolist())
         n_schemas += 1
         n_shared += index._walker.shared
     assert n_schemas >= 12 and n_shared > 0
