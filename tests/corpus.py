@@ -678,6 +678,9 @@ class Walker:
     def __init__(self, dfa: Any, p_stop: float = 0.3, soft_len: int = 200):
         from constrain import automaton as fa
 
+        # counted strings' markers folded away: their bounds (2,048+ characters) lie past what `soft_len` lets a
+        # string reach
+        dfa = fa.contract_counters(dfa)[0]
         self.dfa = dfa
         self.rows = dfa.rows()
         self.p_stop = p_stop
