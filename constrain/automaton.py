@@ -444,7 +444,7 @@ class Dfa(Expr):
         """True when `data` is in the language (with counted strings: their bounds kept, see `counted_chars`)."""
         if self.is_empty:
             return False
-        if any(sid < 0 for sid in self.specials):
+        if has_counters(self):
             plain, counters = contract_counters(self)  # (cached on the automaton)
             state = counters.walk(plain, plain.start, data, 0, -1)[0] if counters is not None else -1
             return state >= 0 and bool(plain.accepting[state])
@@ -531,6 +531,7 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     Raises:
         UnsupportedSchema: a state takes a marker and something else (a counted string beside another alternative
             that starts alike, e.g. two strings in one `anyOf`): the markers cannot be folded.
+        InternalError: the markers break what `counted_chars` promises (one after another, or at the start).
     """
     if dfa._contracted is not None:
         return dfa._contracted
@@ -539,7 +540,7 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
         return dfa, None
     trans = np.asarray(dfa.transitions)
     class_of = np.asarray(dfa.class_of)
-    n, k = trans.shape
+    n = trans.shape[0]
     keep_symbols = list(range(N_BYTES)) + [N_BYTES + i for i, sid in enumerate(dfa.specials) if sid >= 0]
     plain_cols = np.unique(class_of[keep_symbols])
     limits = sorted({_MARK_OPEN_BASE - sid for _, sid in marks if sid <= _MARK_OPEN_BASE})
@@ -549,7 +550,7 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
         cls = int(class_of[N_BYTES + i])
         if cls in plain_cols or code_of_class.get(cls, code) != code:
             if (trans[:, cls] >= 0).any():
-                raise UnsupportedSchema("a string with a long maxLength shares its class with another symbol")
+                raise InternalError("a counted-string marker shares its symbol class with another symbol")
             continue  # a marker never taken (its class is the dead one)
         code_of_class[cls] = code
     mark_cols = np.asarray(sorted(code_of_class), np.int64)
@@ -565,9 +566,9 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     after[rows] = trans[rows, mark_cols[cols]]
     code[rows] = [code_of_class[int(mark_cols[c])] for c in cols]
     if marked[after[marked]].any():
-        raise UnsupportedSchema("two counted-string markers follow each other")
+        raise InternalError("two counted-string markers follow each other")
     if marked[dfa.start]:
-        raise UnsupportedSchema("an automaton may not start with a counted-string marker")
+        raise InternalError("an automaton may not start with a counted-string marker")
     kept = np.flatnonzero(~marked)
     new_id = np.full(n, -1, np.int64)
     new_id[kept] = np.arange(len(kept))

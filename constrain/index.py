@@ -496,9 +496,9 @@ class TokenIndex:
 
     # ---- counted strings
 
-    def _need_tick(self, state: int) -> int:
-        """1 when a counted string at `state` (inside a character or an escape) takes one more character before it
-        can close, else 0."""
+    def _need_ticks(self) -> list[int]:
+        """Per state, 1 when a counted string there (inside a character or an escape) takes one more character before
+        it can close, else 0."""
         if self._need_list is None:
             effect = self._counters.effect
             trans = np.asarray(self._plain.transitions)
@@ -511,7 +511,7 @@ class TokenIndex:
                     break
                 can_close = grown
             self._need_list = (~can_close).astype(np.int8).tolist()
-        return self._need_list[state]
+        return self._need_list
 
     def _counted_row(self, state: int, room: int, budget: int | None) -> int:
         """The row of `state`'s mask inside a counted string with `room` characters left (at most the longest token's
@@ -526,8 +526,7 @@ class TokenIndex:
         ds = trie.depth_start
         tflat, eflat = self._tflat, self._eff_flat
         node_cls = self._node_cls
-        self._need_tick(state)
-        need = np.asarray(self._need_list + [0], np.int64)  # [-1]: the dead state
+        need = np.asarray(self._need_ticks() + [0], np.int64)  # [-1]: the dead state
         node_ok = np.zeros(trie.n_nodes, bool)
         states = np.full(1, state, np.int64)
         counts = np.zeros(1, np.int64)
@@ -1197,7 +1196,7 @@ class TokenState:
                 limit = -1
             elif e:
                 count, limit = 0, limits[e - EFFECT_OPEN]
-        if limit >= 0 and count == limit and idx._need_tick(s):
+        if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
         return s, count, limit
 

@@ -25,7 +25,7 @@ from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, JsonSyntax, Whitespa
 DEFAULT_MAX_DEPTH = 3
 # A plain string whose maxLength leaves at least this many characters beyond minLength is counted beside the
 # automaton (`fa.counted_chars`) instead of unrolled: more than any token spells, so one token never crosses a fresh
-# bound (`TokenIndex` checks), and ~4 states a character fewer (a `maxLength: 65535` string: 200k+ states -> 10).
+# bound (`TokenIndex` checks), and ~4 states a character fewer (a `maxLength: 65535` string: 200k+ states -> ~20).
 COUNTED_MIN_CHARS = 2048
 DEFAULT_MAX_STATES = 100_000
 DEFAULT_TIMEOUT_S = 10.0
@@ -195,17 +195,19 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)
     # Long maxLengths counted beside the automaton where they can be; where a product meets one, or one lies beside
-    # an alternative that starts alike (the markers cannot be folded), the schema is compiled again without.
+    # an alternative that starts alike (the markers cannot be folded), the schema is compiled again without, within
+    # the same time budget.
+    deadline = time.monotonic() + opts.timeout_s
     try:
-        compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=True)
+        compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=True)
     except fa.CountedProduct:
-        compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=False)
+        compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
     else:
         if compiler.counted:
             try:
                 fa.contract_counters(dfa)
             except UnsupportedSchema:
-                compiler, dfa, parts = _compile_with(schema, opts, pointer, counters=False)
+                compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
     if dfa.is_empty:
         universe = (
             "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
@@ -219,10 +221,12 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)), largest_part(parts, dfa.n_states, pointer))
 
 
-def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, *, counters: bool) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
-    """The compiler and DFA of `schema`; `counters`: long `maxLength`s counted beside the automaton where they can
-    be (see `_Compiler.string`)."""
+def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, deadline: float, *,
+                  counters: bool) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
+    """The compiler and DFA of `schema`, by `deadline` (`time.monotonic()`); `counters`: long `maxLength`s counted
+    beside the automaton where they can be (see `_Compiler.string`)."""
     compiler = _Compiler(schema, opts, pointer)
+    compiler.deadline = deadline
     compiler.counters = counters
     expr = compiler.value(schema, pointer, ())
     parts: list[tuple[int, str]] = []
