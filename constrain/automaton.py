@@ -463,7 +463,9 @@ class Dfa(Expr):
 # every state that takes a marker takes nothing else, so `contract_counters` folds each marker into the byte
 # transition before it: the plain automaton (the loop unbounded) plus an effect per transition, which a cursor
 # applies to a count. A product (`intersect`, `difference`) of an automaton with markers would compare marker
-# spellings, not strings, so it raises `CountedProduct` and the caller compiles without counters instead.
+# spellings, not strings, unless one side has none (it then reads the other's markers as no-ops: a format's
+# automaton intersected with a counted string); else it raises `CountedProduct` and the caller compiles without
+# counters instead.
 
 MARK_TICK = -2
 MARK_CLOSE = -3
@@ -1322,9 +1324,19 @@ def _minimise(
 
 
 def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
-    """Intersection (keep_b) or difference (not keep_b) of two DFAs."""
+    """Intersection (keep_b) or difference (not keep_b) of two DFAs.
+
+    Counted strings (`counted_chars`) on one side only, in an intersection or in the first operand of a difference:
+    the other side stays where it is on their markers (it reads the texts with the markers left out), so the result
+    keeps them. On both sides, or in the subtracted operand, the markers of the two would have to line up:
+    `CountedProduct`.
+    """
     if has_counters(a) or has_counters(b):
-        raise CountedProduct("a product of automata with counted strings")
+        if (has_counters(a) and has_counters(b)) or not keep_b and has_counters(b):
+            raise CountedProduct("a product of automata with counted strings")
+        if has_counters(b):
+            a, b = b, a  # (an intersection)
+        b = _transparent(b, tuple(sid for sid in a.specials if sid < 0))
     specials = tuple(sorted(set(a.specials) | set(b.specials)))
     n_symbols = N_BYTES + len(specials)
 
@@ -1389,6 +1401,16 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
         accepting = np.array([bool(acc_a[x]) and not (y >= 0 and bool(acc_b[y])) for x, y in order])
     transitions = np.array(rows, dtype=np.int32).reshape(len(rows), len(uniq))
     return _finish(transitions, accepting, class_of, specials, 0, budget)
+
+
+def _transparent(dfa: Dfa, marks: tuple[int, ...]) -> Dfa:
+    """`dfa` reading the marker symbols `marks` as no-ops: each stays in its state on them."""
+    if dfa.is_empty:
+        return dfa
+    n, k = dfa.transitions.shape
+    table = np.hstack([dfa.transitions, np.arange(n, dtype=np.int32)[:, None]])
+    class_of = np.concatenate([dfa.class_of[: N_BYTES + len(dfa.specials)], np.full(len(marks), k, np.int32)])
+    return Dfa(table, dfa.accepting, class_of, dfa.specials + marks, dfa.start)
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 
 from constrain import native as _native
 from constrain.automaton import EFFECT_CLOSE, EFFECT_OPEN, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters
-from constrain.errors import InternalError, MaskViolation
+from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
 __all__ = ["NO_COMPLETION", "TokenIndex", "TokenState", "prepare"]
@@ -280,8 +280,9 @@ class TokenIndex:
         self._need_list: list[int] | None = None
         if counters is not None:
             if min(counters.limits) <= trie.max_depth:
-                raise InternalError(f"a counted string's bound ({min(counters.limits)} characters) is within the longest "
-                                    f"token's {trie.max_depth} bytes")
+                raise UnsupportedSchema(f"a long maxLength is counted beside the automaton from {min(counters.limits)} "
+                                        f"characters, and this vocabulary's longest token ({trie.max_depth} bytes) "
+                                        f"could pass such a bound at once")
             effect = np.concatenate([counters.effect, np.zeros((1, n_classes), np.int8)]).ravel()
             self._eff_flat = effect
             self._eff_view = memoryview(effect)
