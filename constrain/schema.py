@@ -359,17 +359,19 @@ def _listed_strings(node: Any) -> list[str]:
 
 def ranked_names(nodes: Any, rank: dict[str, int] | None, lookup: Callable[[str], Any]) -> dict[str, int]:
     """`rank` extended by every property name `nodes` mention, in the order of first mention: `properties`,
-    `required`, strings listed in `propertyNames`, dependency names, the keys of objects inside `enum` and `const`
-    values; local `$ref`s followed through `lookup` (None: not followed). The key order below a `oneOf` or `not`
+    `required`, strings listed in `propertyNames`, dependency names, the keys of objects of two keys or more inside
+    `enum` and `const` values; local `$ref`s followed through `lookup` (None: not followed). The key order below a `oneOf` or `not`
     (docs/guarantees.md), shared with the corpus writer."""
     out = dict(rank or {})
     seen: set[int] = set()
 
     def literal_keys(value: Any) -> None:
-        # an object value's keys need slots: a ranked object takes at most one key the ranking does not name
+        # a ranked object takes at most one key the ranking does not name: an object value of two keys or more needs
+        # slots for them (one key fits as the unnamed one, and every slot grows the universe of `not`)
         if isinstance(value, dict):
             for name, inner in value.items():
-                out.setdefault(name, len(out))
+                if len(value) > 1:
+                    out.setdefault(name, len(out))
                 literal_keys(inner)
         elif isinstance(value, list):
             for inner in value:

@@ -43,9 +43,9 @@ def named(schema) -> set[str]:
 
 
 def literal_keys(value) -> set[str]:
-    """The keys of the objects inside an `enum` or `const` value (named too)."""
+    """The keys of the objects of two keys or more inside an `enum` or `const` value (named too)."""
     if isinstance(value, dict):
-        return set(value).union(*(literal_keys(v) for v in value.values()))
+        return (set(value) if len(value) > 1 else set()).union(*(literal_keys(v) for v in value.values()))
     if isinstance(value, list):
         return set().union(*(literal_keys(v) for v in value))
     return set()
