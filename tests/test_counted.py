@@ -103,8 +103,8 @@ def test_oneof_branches_that_start_apart_keep_the_counter(monkeypatch):
         assert counted.matches(text) == unrolled.matches(text), text
 
 
-def _compare_walks(vocab, monkeypatch, n_walks, seed):
-    counted, unrolled = both(SCHEMA, monkeypatch)
+def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA):
+    counted, unrolled = both(schema, monkeypatch)
     a, b = TokenIndex(counted, vocab), TokenIndex(unrolled, vocab)
     assert a.dfa.n_states < 200 < b.dfa.n_states
     rng = random.Random(seed)
@@ -138,6 +138,12 @@ def test_masks_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
 def test_masks_equal_the_unrolled_masks_gemma4(gemma4_vocab, monkeypatch):
     # byte-fallback tokens: characters split across tokens, so a token may end inside one near the bound
     _compare_walks(gemma4_vocab, monkeypatch, 25, seed=2)
+
+
+def test_masks_on_a_pattern_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
+    # a pattern's automaton intersected with the counted loop (no length product)
+    pattern = {"type": "array", "items": {"type": "string", "pattern": "^[a-z ]*$", "maxLength": LIMIT}, "maxItems": 2}
+    _compare_walks(llama3_vocab, monkeypatch, 15, seed=4, schema=pattern)
 
 
 def _cursor_near_bound(index, vocab, room):
