@@ -446,7 +446,8 @@ class Dfa(Expr):
             return False
         if has_counters(self):
             plain, counters = contract_counters(self)  # (cached on the automaton)
-            state = counters.walk(plain, plain.start, data, 0, -1)[0] if counters is not None else -1
+            state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
+                                 memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1)[0]
             return state >= 0 and bool(plain.accepting[state])
         state = self.step(self.start, data)
         return state >= 0 and bool(self.accepting[state])
@@ -456,8 +457,8 @@ class Dfa(Expr):
 # Counted strings: a long `maxLength` kept by a counter beside the automaton
 # ---------------------------------------------------------------------------
 #
-# A JSON string of at most N characters needs N automaton states when unrolled (a Snowplow `maxLength: 65535` is
-# 200k+ states, over the state budget). `counted_chars` instead spells its characters as an unbounded loop with
+# A JSON string of at most N characters needs ~4N automaton states when unrolled (a Snowplow `maxLength: 65535` is
+# over the 100k-state budget). `counted_chars` instead spells its characters as an unbounded loop with
 # three marker symbols around and inside it: OPEN(n) after the opening quote (n: the characters allowed), TICK after
 # each character, CLOSE after the closing quote. Markers are special symbols with negative ids (never tokens);
 # every state that takes a marker takes nothing else, so `contract_counters` folds each marker into the byte
@@ -475,7 +476,8 @@ EFFECT_NONE, EFFECT_TICK, EFFECT_CLOSE, EFFECT_OPEN = 0, 1, 2, 3  # OPEN(limits[
 
 
 class CountedProduct(UnsupportedSchema):
-    """A product of automata where one holds counted strings (internal: the schema compiler retries without them)."""
+    """A product of automata that both hold counted strings, or that subtracts one that does (internal: the schema
+    compiler retries without counters)."""
 
 
 def counted_chars(limit: int, char: Expr) -> Expr:
@@ -505,25 +507,29 @@ class Counters:
     effect: np.ndarray
     limits: tuple[int, ...]
 
-    def walk(self, plain: Dfa, state: int, data: bytes, count: int, limit: int) -> tuple[int, int, int]:
-        """`(state, count, limit)` after `data` (state -1: dead or over a bound; limit -1: outside a counted string).
-        Ending inside a character that a bound leaves no room for is not checked here (see `TokenIndex`)."""
-        rows, class_of, effect = plain.rows(), plain.class_of, self.effect
-        for byte in data:
-            if state < 0:
-                return -1, count, limit
-            cls = class_of[byte]
-            e = int(effect[state, cls])
-            state = rows[state][cls]
-            if e == EFFECT_TICK:
-                count += 1
-                if 0 <= limit < count:
-                    return -1, count, limit
-            elif e == EFFECT_CLOSE:
-                limit = -1
-            elif e >= EFFECT_OPEN:
-                count, limit = 0, self.limits[e - EFFECT_OPEN]
-        return state, count, limit
+
+def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...], state: int, data: bytes,
+                 count: int, limit: int) -> tuple[int, int, int, int]:
+    """`data` read from `state` of a contracted automaton, counting its counted strings: `table` and `effect` are its
+    transitions and their effects flat (`state * n_classes + class`), `class_of` each byte's class; `count`/`limit`
+    the count so far and the bound (-1: outside a counted string). Returns `(state, count, limit, at)`: `at` is the
+    index of the byte where the walk died or passed a bound (then `state` is -1), else -1. Ending inside a character
+    that the bound leaves no room for is not checked here (`TokenIndex` knows which states are)."""
+    for at, byte in enumerate(data):
+        x = state * n_classes + class_of[byte]
+        state = table[x]
+        if state < 0:
+            return -1, count, limit, at
+        e = effect[x]
+        if e == EFFECT_TICK:
+            count += 1
+            if 0 <= limit < count:
+                return -1, count, limit, at
+        elif e == EFFECT_CLOSE:
+            limit = -1
+        elif e:
+            count, limit = 0, limits[e - EFFECT_OPEN]
+    return state, count, limit, -1
 
 
 def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
@@ -580,8 +586,7 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     effect[into_mark] = code[table[into_mark]]
     table[into_mark] = after[table[into_mark]]
     live = table >= 0
-    table[live] = new_id[table[live]]
-    table[:, mark_cols] = -1
+    table[live] = new_id[table[live]]  # (kept states take no marker: their marker columns are -1 already)
     specials = tuple(sid for sid in dfa.specials if sid >= 0)
     new_class_of = class_of[keep_symbols]
     plain = Dfa(table.astype(np.int32), dfa.accepting[kept], new_class_of, specials, int(new_id[dfa.start]))
@@ -1333,7 +1338,7 @@ def _product(a: Dfa, b: Dfa, *, keep_b: bool, budget: _Budget) -> Dfa:
     """
     if has_counters(a) or has_counters(b):
         if (has_counters(a) and has_counters(b)) or not keep_b and has_counters(b):
-            raise CountedProduct("a product of automata with counted strings")
+            raise CountedProduct("a product of two automata with counted strings")
         if has_counters(b):
             a, b = b, a  # (an intersection)
         b = _transparent(b, tuple(sid for sid in a.specials if sid < 0))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import EFFECT_CLOSE, EFFECT_OPEN, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters
+from constrain.automaton import EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters, walk_counted
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -277,7 +277,7 @@ class TokenIndex:
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
         self._counted_rows: dict[tuple[int, int, int | None], int] = {}
-        self._need_list: list[int] | None = None
+        self._need: np.ndarray | None = None  # `_need_ticks`, on first use
         if counters is not None:
             if min(counters.limits) <= trie.max_depth:
                 raise UnsupportedSchema(f"a long maxLength is counted beside the automaton from {min(counters.limits)} "
@@ -497,10 +497,10 @@ class TokenIndex:
 
     # ---- counted strings
 
-    def _need_ticks(self) -> list[int]:
+    def _need_ticks(self) -> np.ndarray:
         """Per state, 1 when a counted string there (inside a character or an escape) takes one more character before
-        it can close, else 0."""
-        if self._need_list is None:
+        it can close, else 0 (int64; a last 0 for the dead state -1)."""
+        if self._need is None:
             effect = self._counters.effect
             trans = np.asarray(self._plain.transitions)
             can_close = (effect == EFFECT_CLOSE).any(axis=1)
@@ -511,8 +511,8 @@ class TokenIndex:
                 if (grown == can_close).all():
                     break
                 can_close = grown
-            self._need_list = (~can_close).astype(np.int8).tolist()
-        return self._need_list
+            self._need = np.append(~can_close, False).astype(np.int64)
+        return self._need
 
     def _counted_row(self, state: int, room: int, budget: int | None) -> int:
         """The row of `state`'s mask inside a counted string with `room` characters left (at most the longest token's
@@ -527,7 +527,7 @@ class TokenIndex:
         ds = trie.depth_start
         tflat, eflat = self._tflat, self._eff_flat
         node_cls = self._node_cls
-        need = np.asarray(self._need_ticks() + [0], np.int64)  # [-1]: the dead state
+        need = self._need_ticks()
         node_ok = np.zeros(trie.n_nodes, bool)
         states = np.full(1, state, np.int64)
         counts = np.zeros(1, np.int64)
@@ -1181,22 +1181,12 @@ class TokenState:
     def _counted_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int]:
         """The byte walk of `advance` counting characters of counted strings: `(state, count, limit)` after `data`."""
         idx = self._index
-        tr, k, cl, eff, limits = idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits
-        count, limit = self._count, self._limit
-        for b in data:
-            at = s * k + cl[b]
-            s = tr[at]
-            if s < 0:
-                self._violation(t, f"the automaton dies on byte {b:#04x}")
-            e = eff[at]
-            if e == EFFECT_TICK:
-                count += 1
-                if 0 <= limit < count:
-                    self._violation(t, f"the string passes its maxLength of {limit} characters (from its counted part)")
-            elif e == EFFECT_CLOSE:
-                limit = -1
-            elif e:
-                count, limit = 0, limits[e - EFFECT_OPEN]
+        s, count, limit, at = walk_counted(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits, s,
+                                           data, self._count, self._limit)
+        if at >= 0:
+            if 0 <= limit < count:
+                self._violation(t, f"the string passes its maxLength of {limit} characters (from its counted part)")
+            self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
         if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
         return s, count, limit

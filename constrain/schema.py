@@ -26,7 +26,8 @@ DEFAULT_MAX_DEPTH = 3
 # A string whose maxLength leaves at least this many characters beyond minLength is counted beside the automaton
 # (`fa.counted_chars`) instead of unrolled: more than any token of the supported vocabularies spells (128 bytes at
 # most), so one token never crosses a fresh bound (`TokenIndex` checks), and ~4 states a character fewer (a plain
-# `maxLength: 65535` string: 200k+ states -> ~20; `format: email` with `maxLength: 1024`: 13,935 -> 350).
+# `maxLength: 65535` string: over the 100k-state budget unrolled, 19 states counted; `format: email` with
+# `maxLength: 1024`: 13,935 -> 350).
 COUNTED_MIN_CHARS = 512
 DEFAULT_MAX_STATES = 100_000
 DEFAULT_TIMEOUT_S = 10.0
@@ -195,7 +196,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     if opts.strict:
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)
-    # Long maxLengths counted beside the automaton where they can be; where a product meets one, or one lies beside
+    # Long maxLengths counted beside the automaton where they can be; where two meet in a product, or one lies beside
     # an alternative that starts alike (the markers cannot be folded), the schema is compiled again without, within
     # the same time budget.
     deadline = time.monotonic() + opts.timeout_s
@@ -204,7 +205,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     except fa.CountedProduct:
         compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
     else:
-        if compiler.counted:
+        if fa.has_counters(dfa):
             try:
                 fa.contract_counters(dfa)
             except UnsupportedSchema:
@@ -520,9 +521,8 @@ class _Compiler:
         # than the universe of the complement nests (ref_limit).
         self.negations = 0
         self.ref_limit = opts.max_depth
-        # Plain strings with a long maxLength may be counted (`string`); `counted` says whether one was.
+        # Strings with a long maxLength may be counted (`string`).
         self.counters = False
-        self.counted = False
         # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
         # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
         # a freed one's id could be given to another
@@ -1160,7 +1160,6 @@ class _Compiler:
         if decoded is ANY_TEXT_ANY_LENGTH:
             return _any_string(self.syntax)
         if is_counted:
-            self.counted = True
             return fa.concat(self.syntax.string(decoded), fa.counted_close())
         return self.syntax.string(decoded)
 
