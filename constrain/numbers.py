@@ -308,6 +308,91 @@ def _modulus_dfa(k: int) -> fa.Expr:
     return fa.concat(fa.optional(_MINUS), digits)
 
 
+def _decimal_multiples(k: Fraction, written_as, pointer: str) -> fa.Expr:
+    """Plain decimal texts (`-?digits(.digits)?`, shape not checked) whose value is a multiple of k = a/b (lowest
+    terms, b > 1), in exact arithmetic.
+
+    x = N / 10**f (N: the digits without the dot, f: the fraction digits) is a multiple iff a * 10**f divides N * b.
+    Past e = max(v2(b), v5(b)) fraction digits only zeros can follow (x's lowest-terms denominator, a power of two
+    times a power of five, must divide b). With the fraction padded to e digits, x is a multiple iff M divides N,
+    M = a * 10**e / c, c the largest divisor of b made of twos and fives (b's other factors are prime to
+    a * 10**e): the digits are read modulo M, up to M * (e + 2) + 1 states before minimisation (2.5: M = 25,
+    9 states minimised).
+
+    Raises:
+        UnsupportedSchema: M exceeds MAX_MULTIPLE_OF.
+    """
+    a, b = k.numerator, k.denominator
+    twos, fives = _valuation(b, 2), _valuation(b, 5)
+    e = max(twos, fives)
+    m = a * 10**e // (2**twos * 5**fives)
+    if m > MAX_MULTIPLE_OF:
+        raise UnsupportedSchema(
+            f"multipleOf {written_as!r} for numbers needs {m} residues; the enforced limit is {MAX_MULTIPLE_OF}",
+            pointer=join_pointer(pointer, "multipleOf"))
+    # states: ("s",) start; ("i", r) integer digits read; ("d", r) just after the dot; ("f", r, j) j fraction digits
+    # read (j == e: only zeros may follow). r: the digits so far modulo m.
+    start = ("s",)
+    index = {start: 0}
+    order = [start]
+    rows: list[list[int]] = []
+    accept: list[bool] = []
+
+    def target(state) -> list:
+        out: list = [None] * 13  # classes 0..9 digits, 10 '.', 11 '-', 12 other
+        kind = state[0]
+        if kind == "s":
+            out[11] = ("i", 0)
+        if kind in ("s", "i"):
+            r = state[1] if kind == "i" else 0
+            for d in range(10):
+                out[d] = ("i", (10 * r + d) % m)
+            if kind == "i":
+                out[10] = ("d", r)
+        elif kind == "d" or (kind == "f" and state[2] < e):
+            r, j = state[1], 0 if kind == "d" else state[2]
+            for d in range(10):
+                out[d] = ("f", (10 * r + d) % m, j + 1) if j < e else None
+            if j == e:  # e == 0: only zeros after the dot
+                out[0] = ("f", r, e)
+        else:  # ("f", r, e): trailing zeros
+            out[0] = state
+        return out
+
+    def accepting(state) -> bool:
+        if state[0] == "i":
+            return state[1] * 10**e % m == 0
+        return state[0] == "f" and state[1] * 10 ** (e - state[2]) % m == 0
+
+    while len(rows) < len(order):
+        state = order[len(rows)]
+        row = []
+        for nxt in target(state):
+            if nxt is not None and nxt not in index:
+                index[nxt] = len(order)
+                order.append(nxt)
+            row.append(-1 if nxt is None else index[nxt])
+        rows.append(row)
+        accept.append(accepting(state))
+    class_of = np.full(256, 12, dtype=np.int32)
+    class_of[0x30:0x3A] = np.arange(10, dtype=np.int32)
+    class_of[ord(".")] = 10
+    class_of[ord("-")] = 11
+    raw = fa.Dfa(np.array(rows, dtype=np.int32), np.array(accept, dtype=bool), class_of, (), 0)
+    # `raw` may hold dead or equivalent states: intersected with its own shape, it is trimmed and minimised
+    shape = fa.concat(fa.optional(_MINUS), fa.repeat(_DIGIT, 1), fa.optional(fa.concat(_DOT, fa.repeat(_DIGIT, 1))))
+    return fa.compile(fa.intersect(raw, shape))
+
+
+def _valuation(n: int, p: int) -> int:
+    """The exponent of the prime p in n > 0."""
+    v = 0
+    while n % p == 0:
+        n //= p
+        v += 1
+    return v
+
+
 def _multiple_of(value, pointer: str) -> Fraction | None:
     if value is None:
         return None
@@ -367,8 +452,9 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
     float threshold is rounded inward to 20 more fraction places than the bound is written with: fraction texts
     closer than 10**-20 to it (or to 0 for `exclusiveMaximum: 0`) are refused although the float would pass.
     `multiple_of`: an integral value keeps integer texts that are multiples (no fraction texts); 10**-p (0.1, 0.01,
-    ...) keeps integer texts and fractions with at most p significant fraction digits, in exact decimal arithmetic
-    (python-jsonschema's float division disagrees, e.g. 0.07 / 0.01).
+    ...) keeps integer texts and fractions with at most p significant fraction digits; any other a/b (2.5 = 5/2,
+    0.75 = 3/4) keeps the integer and fraction texts that are multiples (`_decimal_multiples`); all in exact decimal
+    arithmetic (python-jsonschema's float division disagrees, e.g. 0.07 / 0.01).
 
     Args:
         minimum, maximum, exclusive_minimum, exclusive_maximum: int or float bounds, or None.
@@ -378,7 +464,8 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
         An expression; `fa.NOTHING` when no number satisfies the bounds (the caller reports it).
     Raises:
         InvalidSchema: a keyword is not a finite number, or multiple_of <= 0.
-        UnsupportedSchema: multiple_of is neither integral (<= MAX_MULTIPLE_OF) nor a power of ten below one.
+        UnsupportedSchema: multiple_of's numerator exceeds MAX_MULTIPLE_OF, or (other than a power of ten below
+            one) its numerator times 10**e does, e its fraction digits in lowest terms (see `_decimal_multiples`).
     """
     lows = _collect(minimum, exclusive_minimum, pointer, ("minimum", "exclusiveMinimum"))
     highs = _collect(maximum, exclusive_maximum, pointer, ("maximum", "exclusiveMaximum"))
@@ -394,10 +481,7 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
         elif k.numerator == 1 and 10 ** (len(str(k.denominator)) - 1) == k.denominator:
             fraction_digits = len(str(k.denominator)) - 1
         else:
-            raise UnsupportedSchema(
-                f"multipleOf {multiple_of!r} for numbers is enforced only when integral or a power of ten below one",
-                pointer=join_pointer(pointer, "multipleOf"),
-            )
+            modulus = _decimal_multiples(k, multiple_of, pointer)
     lo, hi = _integer_limits(lows, highs)
     integers = fa.NOTHING if lo is not None and hi is not None and lo > hi else _integers(lo, hi)
     if modulus is not None:
@@ -412,6 +496,8 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
     if fraction_digits is not None:
         shape = fa.concat(fa.optional(_MINUS), fa.repeat(_DIGIT, 1), _DOT, fa.repeat(_DIGIT, 1, fraction_digits), fa.repeat(fa.literal(b"0"), 0))
         fractions = fa.intersect(fractions, shape)
+    if modulus is not None:
+        fractions = fa.intersect(fractions, modulus)
     return fa.union(integers, fractions)
 
 

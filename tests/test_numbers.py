@@ -151,12 +151,12 @@ def test_integer_multiple_of_is_exact(bounds, k, values):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(st.sampled_from(KEYWORDS), st.decimals(-50, 50, places=2).map(float), max_size=2),
-    st.sampled_from([0.1, 0.01, 0.001, 1, 3, 5.0]),
+    st.sampled_from([0.1, 0.01, 0.001, 1, 3, 5.0, 2.5, 0.75, 0.3, 6.5, 0.125, 12.34]),
     st.lists(st.decimals(-60, 60, places=4).map(lambda d: f"{d:f}"), max_size=30),
 )
 def test_number_multiple_of_is_exact(bounds, k, texts):
     dfa = fa.compile(call(number_expr, bounds, multiple_of=k))
-    for text in texts + ["0", "1", "-3", "1.0", "0.30", "0.07", "2.500"]:
+    for text in texts + ["0", "1", "-3", "1.0", "0.30", "0.07", "2.500", "7.5", "-0.375", "24.68", "13"]:
         if NEGATIVE_ZERO_RE.fullmatch(text):
             continue
         integral_k = float(k).is_integer()
@@ -251,8 +251,20 @@ def test_errors_carry_pointer(fn, kwargs, error, pointer):
     assert info.value.pointer == pointer
 
 
-@pytest.mark.parametrize("k", [0.3, 2.5, 0.05, 1e-400 + 0.7])
+def test_number_multiple_of_decimals():
+    # a/b with b not a power of ten: the integer and fraction texts that are multiples, in exact arithmetic
+    e = number_expr(multiple_of=2.5)
+    assert all(accepts(e, t) for t in ["0", "5", "-7.5", "7.50", "2.5000", "100"])
+    assert not any(accepts(e, t) for t in ["1", "2.4", "7.25", "7.51", "1e1"])
+    e = number_expr(multiple_of=0.75, minimum=0, maximum=3)
+    assert [t for t in ["0", "0.75", "1.5", "2.25", "3", "3.75", "1", "0.375"] if accepts(e, t)] == ["0", "0.75", "1.5", "2.25", "3"]
+    e = number_expr(multiple_of=0.3)  # 3/10: python-jsonschema's float division says 0.9 / 0.3 is not whole
+    assert all(accepts(e, t) for t in ["0.9", "0.3", "3", "-1.2"]) and not any(accepts(e, t) for t in ["1", "0.1", "0.35"])
+
+
+@pytest.mark.parametrize("k", [12345.67, 1 / 3, 0.123456789])
 def test_number_multiple_of_unsupported(k):
+    # numerator times 10**e over MAX_MULTIPLE_OF (1/3 as written is 0.3333333333333333: 3333333333333333 residues)
     with pytest.raises(UnsupportedSchema) as info:
         number_expr(multiple_of=k, pointer="/s")
     assert info.value.pointer == "/s/multipleOf"
