@@ -7,6 +7,7 @@ The writing rules and every keyword's guarantee are listed in docs/guarantees.md
 from __future__ import annotations
 
 import collections
+import json
 import dataclasses
 import math
 import time
@@ -29,6 +30,9 @@ DEFAULT_MAX_DEPTH = 3
 # `maxLength: 65535` string: over the 100k-state budget unrolled, 19 states counted; `format: email` with
 # `maxLength: 1024`: 13,935 -> 350).
 COUNTED_MIN_CHARS = 512
+# `uniqueItems` is enforced for items of at most this many distinct values: the automaton keeps which were written
+# (2**n sets).
+MAX_UNIQUE_VALUES = 8
 DEFAULT_MAX_STATES = 100_000
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -234,6 +238,34 @@ def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, deadline: floa
     parts: list[tuple[int, str]] = []
     dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers, parts=parts)
     return compiler, dfa, parts
+
+
+def _finite_texts(dfa: fa.Dfa, limit: int) -> list[bytes] | None:
+    """Every text `dfa` accepts, if they are at most `limit` (None if more, or infinitely many)."""
+    if dfa.is_empty:
+        return []
+    table = np.asarray(dfa.transitions)
+    class_of = np.asarray(dfa.class_of)
+    if len(class_of) > fa.N_BYTES and (table[:, np.unique(class_of[fa.N_BYTES:])] >= 0).any():
+        return None  # special symbols: not a text
+    bytes_of = [np.flatnonzero(class_of[: fa.N_BYTES] == c).tolist() for c in range(table.shape[1])]
+    out: list[bytes] = []
+    stack = [(int(dfa.start), b"", frozenset())]
+    while stack:
+        state, text, on_path = stack.pop()
+        if state in on_path:
+            return None  # a cycle: the automaton is trimmed, so infinitely many texts
+        on_path = on_path | {state}
+        if dfa.accepting[state]:
+            out.append(text)
+        for c in np.flatnonzero(table[state] >= 0).tolist():
+            for byte in bytes_of[c]:
+                stack.append((int(table[state, c]), text + bytes([byte]), on_path))
+        if len(out) + len(stack) > limit * 64:
+            return None
+        if len(out) > limit:
+            return None
+    return sorted(out)
 
 
 def _first_symbols(dfa: fa.Dfa) -> frozenset:
@@ -816,8 +848,6 @@ class _Compiler:
             if key == "$ref":
                 continue
             self.ignored.append(join_pointer(pointer, key))
-        if schema.get("uniqueItems") is True:
-            self.unsupported("'uniqueItems': true is not supported", join_pointer(pointer, "uniqueItems"))
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 branches = schema[key]
@@ -1315,6 +1345,10 @@ class _Compiler:
                 break
         if hi is not None and hi < lo:
             return fa.NOTHING
+        if schema.get("uniqueItems") is True:
+            distinct = self.distinct_items(schema, pointer, prefix_exprs, rest, lo, hi)
+            if distinct is not None:
+                return distinct
         if "contains" in schema:
             counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
             if counted is not None:
@@ -1337,6 +1371,61 @@ class _Compiler:
         if lo == 0:
             body = fa.optional(body)
         return fa.concat(self.syntax.arr_open, body, self.syntax.arr_close)
+
+    def distinct_items(self, schema: dict, pointer: str, prefix_exprs: list[fa.Expr], rest: fa.Expr, lo: int,
+                       hi: int | None) -> fa.Expr | None:
+        """`uniqueItems: true` where the items are one of a few values: the arrays whose elements are pairwise
+        distinct values (None: not an array with unique items after all; `relax` skipped the keyword).
+
+        Enforced exactly when there are no `prefixItems` or `contains` and the items' texts are a finite set of at
+        most MAX_UNIQUE_VALUES distinct JSON values (an enum, a boolean, ...), texts of equal values (`1`, `1.0`)
+        counting as one: the automaton remembers which values were written, 2**n sets at most. Anything else
+        (strings, numbers, objects in general) would need an unbounded memory: `UnsupportedSchema`.
+        """
+        where = join_pointer(pointer, "uniqueItems")
+        if prefix_exprs or "contains" in schema:
+            self.unsupported("'uniqueItems': true is enforced only without 'prefixItems'/'contains'", where)
+            return None
+        dfa = fa.compile(rest, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
+        texts = _finite_texts(dfa, MAX_UNIQUE_VALUES * 4)
+        classes: list[tuple[Any, list[bytes]]] = []  # (value, its texts)
+        for text in texts or ():
+            try:
+                value = json.loads(text)
+            except ValueError:  # a syntax whose items are not JSON texts (XML parameters): not enforced here
+                texts = None
+                break
+            for known, spelled in classes:
+                if _json_equal(known, value):
+                    spelled.append(text)
+                    break
+            else:
+                classes.append((value, [text]))
+        if texts is None or len(classes) > MAX_UNIQUE_VALUES:
+            self.unsupported(f"'uniqueItems': true is enforced only for items of at most {MAX_UNIQUE_VALUES} "
+                             "values (an enum): these items take more", where)
+            return None
+        values = [fa.union(*(fa.literal(t) for t in spelled)) for _, spelled in classes]
+        top = len(values) if hi is None else min(hi, len(values))
+        if top < lo:
+            return fa.NOTHING
+        sep = self.syntax.item_sep
+        after: dict[int, fa.Expr] = {}
+
+        def more(used: int, count: int) -> fa.Expr:
+            """The rest of the array once the values in the bit set `used` (count of them) were written."""
+            if used not in after:
+                options = [fa.EMPTY] if count >= lo else []
+                if count < top:
+                    lead = fa.EMPTY if count == 0 else sep
+                    options += [fa.concat(lead, v, more(used | 1 << i, count + 1))
+                                for i, v in enumerate(values) if not used >> i & 1]
+                after[used] = fa.union(*options) if options else fa.NOTHING
+            return after[used]
+
+        for used in range((1 << len(values)) - 1, -1, -1):  # the fullest sets first: no deep recursion
+            more(used, used.bit_count())
+        return fa.concat(self.syntax.arr_open, more(0, 0), self.syntax.arr_close)
 
     def contains(self, schema: dict, pointer: str, refs: tuple[str, ...], prefix: list, items: Any, lo: int, hi: int | None) -> fa.Expr | None:
         """Arrays with between minContains and maxContains elements valid against `contains` (None: no constraint).

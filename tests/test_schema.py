@@ -3,6 +3,7 @@ and Hypothesis properties over the supported subset (accepted texts validate; ca
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -202,6 +203,49 @@ def test_errors_carry_class_and_pointer(schema, cls, pointer):
         compile_schema(schema)
     assert info.type is cls or (cls is UnsupportedSchema and issubclass(info.type, cls))
     assert info.value.pointer == pointer
+
+
+UNIQUE_CASES = [
+    {"type": "array", "items": {"enum": ["http", "https", "ws", "wss"]}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 1},
+    {"type": "array", "items": {"enum": [1, 2.5, "x", None]}, "uniqueItems": True, "maxItems": 3},  # 1 is also "1.0"
+    {"type": "array", "items": {"enum": [{"a": 1}, {"b": [1, 2]}, [1]]}, "uniqueItems": True, "minItems": 2},
+    {"type": ["array", "null"], "items": {"enum": ["Windows.Desktop", "Windows.Universal"]}, "maxItems": 2, "uniqueItems": True},
+    {"not": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True}},
+]
+
+
+@pytest.mark.parametrize("schema", UNIQUE_CASES, ids=[json.dumps(c)[:50] for c in UNIQUE_CASES])
+def test_unique_items_of_few_values_against_jsonschema(schema):
+    # every array of up to 4 elements drawn from the items' values (repeats included), in every spelling the
+    # compiler writes a value in: accepted exactly when python-jsonschema says valid
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    oracle = corpus.validator(schema)
+    sub = schema.get("not", schema)
+    values = sub["items"].get("enum") or [True, False]
+    spellings = {json.dumps(v, separators=(",", ":")): v for v in values}
+    spellings.update({f"{v}.0": v for v in values if type(v) is int})
+    texts = ["[]", "null", '"a"']
+    for n in range(1, 5):
+        for combo in itertools.product(spellings, repeat=n):
+            texts.append("[" + ",".join(combo) + "]")
+    checked = 0
+    for text in texts:
+        valid = oracle.is_valid(json.loads(text))
+        assert dfa.matches(text.encode()) == valid, (text, valid)
+        checked += valid
+    assert checked > 3
+
+
+def test_unique_items_refused_beyond_few_values():
+    for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                   {"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True},
+                   {"type": "array", "prefixItems": [{"const": 1}], "items": {"enum": [1, 2]}, "uniqueItems": True}):
+        with pytest.raises(UnsupportedSchema) as info:
+            compile_schema(schema)
+        assert info.value.pointer == "/uniqueItems"
+    relaxed = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, relax=True)
+    assert relaxed.dfa.matches(b'["a", "a"]') and relaxed.relaxed[0][0] == "/uniqueItems"
 
 
 def test_error_pointer_is_prefixed_with_the_schema_location():
