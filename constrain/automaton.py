@@ -490,8 +490,52 @@ def counted_chars(limit: int, char: Expr) -> Expr:
 
 
 def counted_close() -> Expr:
-    """The marker right after a counted string's closing delimiter."""
+    """The marker right after a counted string's (or array's) closing delimiter."""
     return special(MARK_CLOSE)
+
+
+def counted_open(limit: int) -> Expr:
+    """The marker right after a counted array's opening bracket: at most `limit` ticks (`counted_tick`) follow before
+    `counted_close`. What precedes must leave nothing else possible."""
+    if limit < 0:
+        raise InternalError(f"a counted array's limit must be >= 0, got {limit}")
+    return special(_MARK_OPEN_BASE - limit)
+
+
+def counted_tick() -> Expr:
+    """The marker right after a counted array's item separator (the comma, before any whitespace)."""
+    return special(MARK_TICK)
+
+
+def has_markers(expr: Expr) -> bool:
+    """Whether `expr` spells counted-string or counted-array markers."""
+    return any(sid < 0 for sid in _describe(expr, {})[1])
+
+
+def counter_tick_bytes(dfa: "Dfa", counters: "Counters") -> list[np.ndarray]:
+    """Per bound `counters.limits[i]`: the bytes (bool [256]) whose transitions tick inside a counter with that bound
+    (`dfa`: the contracted automaton). A counted string ticks on the bytes that end a character, a counted array on
+    its comma only, so a token of this vocabulary ticks at most as often as it holds such bytes."""
+    trans = np.asarray(dfa.transitions)
+    effect = counters.effect
+    class_of = np.asarray(dfa.class_of)[:N_BYTES]
+    n = trans.shape[0]
+    live = trans >= 0
+    ticks = (effect == EFFECT_TICK) & live
+    inside = ((effect == EFFECT_NONE) | (effect == EFFECT_TICK)) & live  # closing and opening transitions leave
+    out = []
+    for i in range(len(counters.limits)):
+        opened = trans[(effect == EFFECT_OPEN + i) & live]
+        seen = np.zeros(n, bool)
+        seen[opened] = True
+        frontier = np.unique(opened)
+        while frontier.size:  # the states inside counters of this bound
+            nxt = trans[frontier][inside[frontier]]
+            nxt = np.unique(nxt[~seen[nxt]])
+            seen[nxt] = True
+            frontier = nxt
+        out.append(ticks[seen].any(axis=0)[class_of])
+    return out
 
 
 def has_counters(dfa: Dfa) -> bool:

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters, walk_counted
+from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters,
+                                 counter_tick_bytes, walk_counted)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -98,6 +99,28 @@ def _references(vocab: Any, trie: _Trie, n_words: int) -> tuple:
     with _REFERENCES_LOCK:
         _REFERENCES.setdefault(trie, {})[n_words] = refs
     return refs
+
+
+_MOST: "weakref.WeakKeyDictionary[_Trie, dict[bytes, int]]" = weakref.WeakKeyDictionary()
+
+
+def _most_in_a_token(trie: _Trie, byte_set: np.ndarray) -> int:
+    """The most bytes of `byte_set` (bool [256]) any one token of `trie` spells (cached per trie)."""
+    key = np.packbits(byte_set).tobytes()
+    with _REFERENCES_LOCK:
+        per_trie = _MOST.setdefault(trie, {})
+        if key in per_trie:
+            return per_trie[key]
+    ds = trie.depth_start
+    count = np.zeros(trie.n_nodes, np.int64)
+    hit = byte_set[trie.node_byte].astype(np.int64)
+    for d in range(trie.max_depth):  # nodes by depth: a node's count is its parent's plus its own byte
+        lo, hi = ds[d], ds[d + 1]
+        count[lo:hi] = hit[lo:hi] + (count[ds[d - 1] + trie.parent_local[lo:hi]] if d else 0)
+    most = int(count[trie.term_node].max()) if trie.term_node.size else 0
+    with _REFERENCES_LOCK:
+        per_trie[key] = most
+    return most
 
 
 def prepare(vocab: Any) -> None:
@@ -279,10 +302,18 @@ class TokenIndex:
         self._counted_rows: dict[tuple[int, int, int | None], int] = {}
         self._need: np.ndarray | None = None  # `_need_ticks`, on first use
         if counters is not None:
-            if min(counters.limits) <= trie.max_depth:
-                raise UnsupportedSchema(f"a long maxLength is counted beside the automaton from {min(counters.limits)} "
-                                        f"characters, and this vocabulary's longest token ({trie.max_depth} bytes) "
-                                        f"could pass such a bound at once")
+            # A cursor with `room` counts left takes the plain row unless a token could tick `room` times (end at
+            # the bound, maybe inside a character that needs room) or more: counted rows from room <= the most
+            # ticking bytes one token holds (`_near`; a string: its length, an array: its commas, 8 at most in Llama
+            # 3), and a fresh bound (opened inside a token) must lie beyond.
+            self._near = {}
+            for limit, tick_bytes in zip(counters.limits, counter_tick_bytes(dfa, counters)):
+                near = _most_in_a_token(trie, tick_bytes)
+                self._near[limit] = max(self._near.get(limit, 0), near)
+                if limit <= near:
+                    raise UnsupportedSchema(
+                        f"a long maxLength or maxItems is counted beside the automaton (bound {limit}), and one token "
+                        f"of this vocabulary can count {near} times: it could pass such a bound at once")
             effect = np.concatenate([counters.effect, np.zeros((1, n_classes), np.int8)]).ravel()
             self._eff_flat = effect
             self._eff_view = memoryview(effect)
@@ -1079,7 +1110,7 @@ class TokenState:
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
-        if self._limit >= 0 and self._limit - self._count <= idx._trie.max_depth:
+        if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._counted_row(self._state, self._limit - self._count, budget)
         return idx.row_for_state(idx._n_states if self._finished else self._state, budget)
 
@@ -1096,7 +1127,7 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
-        if self._limit >= 0 and self._limit - self._count <= idx._trie.max_depth:
+        if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
         if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
             return idx._row_words(idx._budget_row(s, budget))

@@ -30,6 +30,11 @@ DEFAULT_MAX_DEPTH = 3
 # `maxLength: 65535` string: over the 100k-state budget unrolled, 19 states counted; `format: email` with
 # `maxLength: 1024`: 13,935 -> 350).
 COUNTED_MIN_CHARS = 512
+# An array whose maxItems leaves at least this many items beyond minItems is counted beside the automaton
+# (`counted_array`) instead of unrolled: each count costs 2 bytes or more (a comma and an item), so the supported
+# vocabularies' tokens (128 bytes at most) cannot pass a fresh bound at once (`TokenIndex` checks). maxItems 100 of
+# objects with two bounded string fields (Github_easy o9842): over the 100k-state budget unrolled.
+COUNTED_MIN_ITEMS = 100
 # `uniqueItems` is enforced for items of at most this many distinct values: the automaton keeps which were written
 # (2**n sets).
 MAX_UNIQUE_VALUES = 8
@@ -1349,6 +1354,10 @@ class _Compiler:
             distinct = self.distinct_items(schema, pointer, prefix_exprs, rest, lo, hi)
             if distinct is not None:
                 return distinct
+        if (self.counters and not self.negations and type(self.syntax) is JsonSyntax and not prefix_exprs
+                and "contains" not in schema and hi is not None and hi - lo >= COUNTED_MIN_ITEMS
+                and rest != fa.NOTHING and not fa.has_markers(rest)):
+            return self.counted_array(rest, lo, hi, pointer)
         if "contains" in schema:
             counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
             if counted is not None:
@@ -1371,6 +1380,17 @@ class _Compiler:
         if lo == 0:
             body = fa.optional(body)
         return fa.concat(self.syntax.arr_open, body, self.syntax.arr_close)
+
+    def counted_array(self, item: fa.Expr, lo: int, hi: int, pointer: str) -> fa.Expr:
+        """Arrays of `lo`..`hi` items with the bound kept by the cursor (`fa.counted_open`): the first `lo` items
+        unrolled, then a loop; every comma ticks, so `hi - 1` ticks at most. Each item spells at least one byte after
+        its comma, so a count costs 2 bytes or more (`fa.counter_spans`)."""
+        syntax = self.syntax
+        sep = fa.concat(fa.literal(b","), fa.counted_tick(), syntax.gap)
+        loop = fa.repeat(fa.concat(sep, item), max(lo - 1, 0))
+        body = fa.concat(item, loop) if lo else fa.optional(fa.concat(item, loop))
+        counted = fa.concat(syntax.arr_open, fa.counted_open(hi - 1), body, syntax.arr_close, fa.counted_close())
+        return self.point(counted, join_pointer(pointer, "maxItems"))
 
     def distinct_items(self, schema: dict, pointer: str, prefix_exprs: list[fa.Expr], rest: fa.Expr, lo: int,
                        hi: int | None) -> fa.Expr | None:

@@ -37,6 +37,7 @@ class JsonSyntax:
     def __init__(self, whitespace: Whitespace = "compact"):
         sep = fa.optional(fa.literal(b" ")) if whitespace == "flexible" else fa.EMPTY
         self.whitespace = whitespace
+        self.gap = sep  # what may follow a separator's comma
         self.member_sep = self.item_sep = fa.concat(fa.literal(b","), sep)
         self.colon = fa.concat(fa.literal(b":"), sep)
         self.obj_open, self.obj_close = fa.literal(b"{"), fa.literal(b"}")

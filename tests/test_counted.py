@@ -15,7 +15,7 @@ import pytest
 
 from constrain import automaton as fa
 from constrain import schema as schema_module
-from constrain.errors import MaskViolation
+from constrain.errors import MaskViolation, UnsupportedSchema
 from constrain.index import TokenIndex
 from constrain.schema import compile_schema
 
@@ -185,3 +185,110 @@ def test_fork_and_pickle_keep_the_count(llama3_vocab, monkeypatch):
     assert np.array_equal(y.allowed_token_ids(), x.allowed_token_ids())
     x.advance(vocab.token_bytes.index(b"a"))
     assert not np.array_equal(fork.allowed_token_ids(), x.allowed_token_ids())  # the fork kept its own count
+
+
+# --- counted arrays: a long maxItems kept by the same counter, a tick per item separator ---------------------------
+
+def both_items(schema, monkeypatch, threshold=20):
+    """(counted DFA, unrolled DFA) of `schema`, arrays counted from `threshold` items beyond minItems."""
+    monkeypatch.setattr(schema_module, "COUNTED_MIN_ITEMS", threshold)
+    counted = compile_schema(schema).dfa
+    monkeypatch.setattr(schema_module, "COUNTED_MIN_ITEMS", 10**9)
+    unrolled = compile_schema(schema).dfa
+    return counted, unrolled
+
+
+def test_long_max_items_compiles_to_the_item_automaton_and_keeps_its_bound():
+    item = {"type": "object", "properties": {"key": {"type": "string", "pattern": "^[0-9a-z_-]{1,255}$"},
+                                             "value": {"type": "string", "minLength": 1, "maxLength": 255}},
+            "required": ["key", "value"], "additionalProperties": False}
+    dfa = compile_schema({"type": "array", "items": item, "maxItems": 100}).dfa  # Github_easy o9842's deviceTags
+    assert fa.has_counters(dfa) and dfa.n_states < 4000  # 3,857 states; unrolled: over the 100k-state budget
+    one = {"key": "k", "value": "v"}
+    for n in (0, 1, 99, 100, 101):
+        for separators in ((",", ":"), (", ", ": ")):
+            assert dfa.matches(json.dumps([one] * n, separators=separators).encode()) == (n <= 100), (n, separators)
+    dfa = compile_schema({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1000}).dfa
+    assert fa.has_counters(dfa) and dfa.n_states < 30  # 20 states (with its markers)
+    assert [n for n in (0, 2, 3, 1000, 1001) if dfa.matches(json.dumps([7] * n).encode())] == [3, 1000]
+
+
+def test_counted_arrays_are_the_unrolled_arrays(monkeypatch):
+    schema = {"type": "array", "items": {"enum": [1, "a", [2]]}, "minItems": 2, "maxItems": 25}
+    counted, unrolled = both_items(schema, monkeypatch)
+    assert fa.has_counters(counted) and not fa.has_counters(unrolled)
+    rng = random.Random(3)
+    accepted = too_long = 0
+    for _ in range(2000):
+        n = rng.randint(0, 30)
+        items = [rng.choice(["1", '"a"', "[2]", "[2,2]", "2"] if rng.random() < 0.02 else ["1", '"a"', "[2]"])
+                 for _ in range(n)]
+        text = ("[" + rng.choice([",", ", "]).join(items) + "]").encode()
+        assert counted.matches(text) == unrolled.matches(text), text
+        accepted += unrolled.matches(text)
+        too_long += n > 25
+    assert accepted > 800 and too_long > 200
+
+
+@pytest.mark.parametrize("schema", [
+    # an item that holds a counted string: one counter at a time, so the array is unrolled (the string counted)
+    {"type": "array", "items": {"type": "string", "maxLength": 600}, "maxItems": 30},
+    {"anyOf": [{"type": "array", "maxItems": 30}, {"type": "array", "items": {"type": "integer"}}]},  # one '['
+    {"not": {"type": "array", "items": {"type": "integer"}, "maxItems": 30}},
+])
+def test_where_an_item_counter_cannot_be_kept_the_bound_is_unrolled(schema, monkeypatch):
+    counted, unrolled = both_items(schema, monkeypatch)
+    markers = {sid for sid in counted.specials if sid < 0}
+    assert markers == {sid for sid in unrolled.specials if sid < 0}  # only the string's, where there is one
+    for n in (0, 29, 30, 31):
+        text = json.dumps(["x" * 10] * n if "maxLength" in json.dumps(schema) else [5] * n).encode()
+        assert counted.matches(text) == unrolled.matches(text), n
+
+
+def _compare_item_walks(vocab, monkeypatch, schema, n_walks, seed):
+    counted, unrolled = both_items(schema, monkeypatch, threshold=60)
+    a, b = TokenIndex(counted, vocab), TokenIndex(unrolled, vocab)
+    assert fa.has_counters(counted) and a.dfa.n_states * 5 < b.dfa.n_states
+    rng = random.Random(seed)
+    near = 0
+    for _ in range(n_walks):
+        x, y = a.start(), b.start()
+        for _ in range(1500):
+            allowed = x.allowed_token_ids()
+            assert np.array_equal(allowed, y.allowed_token_ids())
+            assert np.array_equal(x.mask(), a.mask_table()[0][x.mask_row()])
+            near += x._limit >= 0 and x._limit - x._count <= a._near[x._limit]
+            byte_tokens = allowed[allowed < vocab.n_tokens]
+            if not len(byte_tokens) or (y.is_accepting() and rng.random() < 0.02):
+                break
+            # mostly tokens that continue the array, to reach the bound
+            going = [t for t in byte_tokens.tolist() if b"]" not in vocab.token_bytes[t]]
+            tok = int(rng.choice(going if going and rng.random() < 0.97 else byte_tokens))
+            x.advance(tok)
+            y.advance(tok)
+    assert near > 80  # states within a token's reach of the bound were compared
+    return a
+
+
+def test_item_masks_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
+    # an array ticks on its commas only: Llama 3's tokens hold 8 commas at most, so rows are counted from 8 left
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 70}
+    index = _compare_item_walks(llama3_vocab, monkeypatch, schema, 20, seed=5)
+    assert index._near == {69: 8}
+
+
+def test_item_masks_equal_the_unrolled_masks_gemma4(gemma4_vocab, monkeypatch):
+    schema = {"type": "array", "items": {"enum": ["a", "bc", "d e"]}, "minItems": 1, "maxItems": 64}
+    index = _compare_item_walks(gemma4_vocab, monkeypatch, schema, 20, seed=6)
+    assert index._near == {63: 4}  # Gemma 4: 4 commas in one token at most
+
+
+def test_a_vocabulary_whose_tokens_could_pass_a_fresh_item_bound_is_refused(llama3_vocab, monkeypatch):
+    # a token of 8 commas could pass a bound of 8 commas at once (opened inside that token, no counted row before)
+    counted, _ = both_items({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                             "maxItems": 9}, monkeypatch, threshold=5)
+    with pytest.raises(UnsupportedSchema):
+        TokenIndex(counted, llama3_vocab)
+    counted, _ = both_items({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                             "maxItems": 10}, monkeypatch, threshold=5)
+    assert TokenIndex(counted, llama3_vocab)._near == {9: 8}
