@@ -292,3 +292,38 @@ def test_a_vocabulary_whose_tokens_could_pass_a_fresh_item_bound_is_refused(llam
     counted, _ = both_items({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
                              "maxItems": 10}, monkeypatch, threshold=5)
     assert TokenIndex(counted, llama3_vocab)._near == {9: 8}
+
+
+def test_public_api_walks_fill_a_counted_array_to_its_bound_and_no_further(qwen3_vocab):
+    # production threshold (no monkeypatch): maxItems 120, so the array is counted; walks that continue the array
+    # whenever the mask allows end at exactly 120 items, budgeted walks end in time, every output valid
+    import constrain
+
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 120}
+    index = constrain.compile_json_schema(schema, qwen3_vocab, cache=None)
+    assert fa.has_counters(index.dfa) is False and index._counters is not None  # (the cursor keeps the count)
+    vocab = qwen3_vocab
+    rng = random.Random(7)
+    lengths = []
+    for budget in (None, None, 30, 90):
+        state = index.start()
+        out = b""
+        for step in range(2000):
+            left = None if budget is None else budget - step
+            allowed = state.allowed_token_ids(left)
+            text_ids = [t for t in allowed.tolist() if t < vocab.n_tokens]
+            if not text_ids:
+                break
+            going = [t for t in text_ids if b"]" not in vocab.token_bytes[t]]
+            tok = rng.choice(going or text_ids)
+            state.advance(tok)
+            out += vocab.token_bytes[tok]
+            if state.is_accepting() and not going:
+                break
+        assert state.is_accepting(), out[-80:]
+        items = json.loads(out)
+        assert all(isinstance(x, int) and 0 <= x <= 9 for x in items) and 1 <= len(items) <= 120
+        if budget is not None:
+            assert step < budget
+        lengths.append(len(items))
+    assert lengths[0] == lengths[1] == 120
