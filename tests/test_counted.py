@@ -24,11 +24,12 @@ LIMIT = 300
 SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": LIMIT, "minLength": 2}, "maxItems": 3}
 
 
-def both(schema, monkeypatch, threshold=200):
-    """(counted DFA, unrolled DFA) of `schema`."""
-    monkeypatch.setattr(schema_module, "COUNTED_MIN_CHARS", threshold)
+def both(schema, monkeypatch, threshold=200, knob="COUNTED_MIN_CHARS"):
+    """(counted DFA, unrolled DFA) of `schema`: counted from `threshold` (characters, or items with
+    knob="COUNTED_MIN_ITEMS") beyond the minimum, then never."""
+    monkeypatch.setattr(schema_module, knob, threshold)
     counted = compile_schema(schema).dfa
-    monkeypatch.setattr(schema_module, "COUNTED_MIN_CHARS", 10**9)
+    monkeypatch.setattr(schema_module, knob, 10**9)
     unrolled = compile_schema(schema).dfa
     return counted, unrolled
 
@@ -103,31 +104,39 @@ def test_oneof_branches_that_start_apart_keep_the_counter(monkeypatch):
         assert counted.matches(text) == unrolled.matches(text), text
 
 
-def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA):
-    counted, unrolled = both(schema, monkeypatch)
+def _walk_both(vocab, counted, unrolled, n_walks, seed, choose, stop_p):
+    """Walk the indexes of the counted and the unrolled automaton side by side, `choose(rng, byte_tokens)` picking
+    each token, asserting equal masks at every step; returns (counted index, steps within a token's reach of a
+    bound)."""
     a, b = TokenIndex(counted, vocab), TokenIndex(unrolled, vocab)
-    assert a.dfa.n_states < 200 < b.dfa.n_states
+    assert fa.has_counters(counted) and a.dfa.n_states * 5 < b.dfa.n_states
     rng = random.Random(seed)
-    lengths = np.array([len(t) for t in vocab.token_bytes])
     near = 0
     for _ in range(n_walks):
         x, y = a.start(), b.start()
-        for _ in range(1000):
+        for _ in range(1500):
             allowed = x.allowed_token_ids()
             assert np.array_equal(allowed, y.allowed_token_ids())
             assert np.array_equal(x.mask(), a.mask_table()[0][x.mask_row()])  # the row the processors read
-            near += 0 <= x._limit - x._count <= a._trie.max_depth and x._limit >= 0
-            if y.is_accepting() and rng.random() < 0.05:
-                break
+            near += x._limit >= 0 and x._limit - x._count <= a._near[x._limit]
             byte_tokens = allowed[allowed < vocab.n_tokens]
-            if not len(byte_tokens):
+            if not len(byte_tokens) or (y.is_accepting() and rng.random() < stop_p):
                 break
-            if rng.random() < 0.8:  # long tokens, to reach the bound
-                tok = int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
-            else:
-                tok = int(rng.choice(byte_tokens))
+            tok = choose(rng, byte_tokens)
             x.advance(tok)
             y.advance(tok)
+    return a, near
+
+
+def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA):
+    lengths = np.array([len(t) for t in vocab.token_bytes])
+
+    def choose(rng, byte_tokens):
+        if rng.random() < 0.8:  # long tokens, to reach the bound
+            return int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
+        return int(rng.choice(byte_tokens))
+
+    _, near = _walk_both(vocab, *both(schema, monkeypatch), n_walks, seed, choose, stop_p=0.05)
     assert near > 50  # states within a token's length of the bound were compared
 
 
@@ -190,12 +199,8 @@ def test_fork_and_pickle_keep_the_count(llama3_vocab, monkeypatch):
 # --- counted arrays: a long maxItems kept by the same counter, a tick per item separator ---------------------------
 
 def both_items(schema, monkeypatch, threshold=20):
-    """(counted DFA, unrolled DFA) of `schema`, arrays counted from `threshold` items beyond minItems."""
-    monkeypatch.setattr(schema_module, "COUNTED_MIN_ITEMS", threshold)
-    counted = compile_schema(schema).dfa
-    monkeypatch.setattr(schema_module, "COUNTED_MIN_ITEMS", 10**9)
-    unrolled = compile_schema(schema).dfa
-    return counted, unrolled
+    """`both` for arrays: counted from `threshold` items beyond minItems."""
+    return both(schema, monkeypatch, threshold, knob="COUNTED_MIN_ITEMS")
 
 
 def test_long_max_items_compiles_to_the_item_automaton_and_keeps_its_bound():
@@ -246,28 +251,13 @@ def test_where_an_item_counter_cannot_be_kept_the_bound_is_unrolled(schema, monk
 
 
 def _compare_item_walks(vocab, monkeypatch, schema, n_walks, seed):
-    counted, unrolled = both_items(schema, monkeypatch, threshold=60)
-    a, b = TokenIndex(counted, vocab), TokenIndex(unrolled, vocab)
-    assert fa.has_counters(counted) and a.dfa.n_states * 5 < b.dfa.n_states
-    rng = random.Random(seed)
-    near = 0
-    for _ in range(n_walks):
-        x, y = a.start(), b.start()
-        for _ in range(1500):
-            allowed = x.allowed_token_ids()
-            assert np.array_equal(allowed, y.allowed_token_ids())
-            assert np.array_equal(x.mask(), a.mask_table()[0][x.mask_row()])
-            near += x._limit >= 0 and x._limit - x._count <= a._near[x._limit]
-            byte_tokens = allowed[allowed < vocab.n_tokens]
-            if not len(byte_tokens) or (y.is_accepting() and rng.random() < 0.02):
-                break
-            # mostly tokens that continue the array, to reach the bound
-            going = [t for t in byte_tokens.tolist() if b"]" not in vocab.token_bytes[t]]
-            tok = int(rng.choice(going if going and rng.random() < 0.97 else byte_tokens))
-            x.advance(tok)
-            y.advance(tok)
+    def choose(rng, byte_tokens):  # mostly tokens that continue the array, to reach the bound
+        going = [t for t in byte_tokens.tolist() if b"]" not in vocab.token_bytes[t]]
+        return int(rng.choice(going if going and rng.random() < 0.97 else byte_tokens))
+
+    index, near = _walk_both(vocab, *both_items(schema, monkeypatch, threshold=60), n_walks, seed, choose, stop_p=0.02)
     assert near > 80  # states within a token's reach of the bound were compared
-    return a
+    return index
 
 
 def test_item_masks_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
