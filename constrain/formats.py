@@ -161,9 +161,9 @@ _EMAIL = fa.concat(
 )
 
 
-# --- uri (RFC 3986 `URI`) -------------------------------------------------------------------------------------
+# --- uri, uri-reference (RFC 3986 `URI`, `URI-reference`) ---------------------------------------------------------
 
-def _uri() -> fa.Expr:
+def _uri_pieces() -> dict[str, fa.Expr]:
     unreserved = _bytes_of("a-zA-Z0-9._~-")
     sub_delims = _bytes_of("!$&'()*+,;=")
     pct = fa.concat(_lit("%"), _HEX, _HEX)
@@ -180,15 +180,28 @@ def _uri() -> fa.Expr:
     )
     authority = fa.concat(fa.optional(fa.concat(userinfo, _lit("@"))), host, fa.optional(fa.concat(_lit(":"), fa.repeat(_DIGIT, 0))))
     path_abempty = fa.repeat(fa.concat(_lit("/"), segment), 0)
-    path_rootless = fa.concat(segment_nz, path_abempty)
-    hier_part = fa.union(
-        fa.concat(_lit("//"), authority, path_abempty),
-        fa.concat(_lit("/"), fa.optional(path_rootless)),
-        path_rootless,
-        fa.EMPTY,
-    )
     tail = fa.repeat(fa.union(pchar, _bytes_of("/?")), 0)
-    return fa.concat(scheme, _lit(":"), hier_part, fa.optional(fa.concat(_lit("?"), tail)), fa.optional(fa.concat(_lit("#"), tail)))
+    return {
+        "scheme": scheme,
+        "net_path": fa.concat(_lit("//"), authority, path_abempty),  # "//" authority path-abempty
+        "path_absolute": fa.concat(_lit("/"), fa.optional(fa.concat(segment_nz, path_abempty))),
+        "path_rootless": fa.concat(segment_nz, path_abempty),
+        # segment-nz-nc: a first segment without ':' (else it would read as a scheme)
+        "path_noscheme": fa.concat(fa.repeat(fa.union(unreserved, pct, sub_delims, _lit("@")), 1), path_abempty),
+        "query_fragment": fa.concat(fa.optional(fa.concat(_lit("?"), tail)), fa.optional(fa.concat(_lit("#"), tail))),
+    }
+
+
+def _uri() -> fa.Expr:
+    p = _uri_pieces()
+    hier_part = fa.union(p["net_path"], p["path_absolute"], p["path_rootless"], fa.EMPTY)
+    return fa.concat(p["scheme"], _lit(":"), hier_part, p["query_fragment"])
+
+
+def _uri_reference() -> fa.Expr:
+    p = _uri_pieces()
+    relative_part = fa.union(p["net_path"], p["path_absolute"], p["path_noscheme"], fa.EMPTY)
+    return fa.union(_uri(), fa.concat(relative_part, p["query_fragment"]))
 
 
 _FORMATS: dict[str, Callable[[], fa.Expr]] = {
@@ -202,6 +215,7 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "ipv6": lambda: _IPV6,
     "uuid": _uuid,
     "uri": _uri,
+    "uri-reference": _uri_reference,
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -222,8 +236,8 @@ _ASSERTED = {
     # draft 3 checks `time` as strptime("%H:%M:%S") (no offset), not RFC 3339: see `is_asserted`
     "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
     "draft4": _EARLY,
-    "draft6": _EARLY,
-    "draft7": _EARLY | {"date", "time"},
+    "draft6": _EARLY | {"uri-reference"},
+    "draft7": _EARLY | {"date", "time", "uri-reference"},
     "draft2019-09": frozenset(SUPPORTED_FORMATS),
     "draft2020-12": frozenset(SUPPORTED_FORMATS),
 }
@@ -265,8 +279,8 @@ def is_asserted(name: str, draft: str, *, pointer: str = "") -> bool:
     A supported format that the draft does not define (draft 4 and 6: date, time, duration, uuid; draft 7: duration,
     uuid) is an annotation under that draft, as python-jsonschema treats it: False. So is a custom format, one that no
     specification of the draft defines (`url`, `byte`, `semver`, ...: JSON Schema leaves those to the application,
-    and validators pass every value). A name the draft defines that constrain does not support (`uri-reference`,
-    `regex`, ...) is True, so that `format_expr` refuses it.
+    and validators pass every value). A name the draft defines that constrain does not support (`iri`, `regex`,
+    ...) is True, so that `format_expr` refuses it.
 
     Raises:
         UnsupportedSchema: draft 3's `time` (a different language: `HH:MM:SS` without offset).
@@ -294,7 +308,8 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
         trailing dot, no label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not
         checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
-      - uri: RFC 3986 `URI` (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
+      - uri, uri-reference: RFC 3986 `URI`, `URI-reference` (dec-octet without leading zeros in IPv4 inside
+        brackets); no trailing newline.
     The caller adds JSON quoting and escaping.
 
     Args:

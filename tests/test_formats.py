@@ -84,6 +84,10 @@ NARROWINGS = {
         "no trailing newline; no leading-zero octets in bracketed IPv4",
         lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None,
     ),
+    "uri-reference": (
+        "no trailing newline; no leading-zero octets in bracketed IPv4",
+        lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None,
+    ),
 }
 
 
@@ -177,6 +181,9 @@ EDGES = {
              ["{00000000-0000-0000-0000-000000000000}", "00000000-0000-0000-0000-00000000000", "0000000000000000000000000000000-0"]),
     "uri": (["a:", "a:b", "http://x", "http://[::1]:80/p?q#f", "http://[v1.x]", "x://u:p@h:8/%aF", "a+b.c-d:/"],
             ["a", ":", "1a:", "http://[::1", "http://x/%", "http://x/%g0", "http://x/ ", "a:\n"]),
+    "uri-reference": (["", "a", "a/b:c", "/", "/a/b", "//h", "//u@h:8/p?q#f", "?q", "#f", "../x", "a:b", "http://[::1]/",
+                       "%41/b", "@x", "a;b=c"],
+                      [":", ":a", "1a:b", "a b", "//[::1", "%g0", "/%", "#f#", "a\n", "\\x", "[x]"]),
 }
 
 
@@ -322,7 +329,7 @@ def test_custom_format_is_an_annotation_reported_in_ignored_keywords(name):
     assert compiled.ignored_keywords == ["/properties/x/format"]
 
 
-@pytest.mark.parametrize("name", ["uri-reference", "iri", "regex", "json-pointer", "idn-hostname"])
+@pytest.mark.parametrize("name", ["iri-reference", "iri", "regex", "json-pointer", "idn-hostname"])
 def test_format_the_draft_defines_but_constrain_cannot_enforce_is_refused(name):
     with pytest.raises(UnsupportedSchema) as info:
         compile_schema({"type": "string", "format": name})
