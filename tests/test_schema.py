@@ -190,7 +190,7 @@ ERROR_CASES = [
     ({"unevaluatedProperties": False}, UnsupportedSchema, "/unevaluatedProperties"),
     ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "/uniqueItems"),
     ({"$ref": "https://example.com/s.json"}, UnsupportedSchema, "/$ref"),
-    ({"type": "string", "format": "uri-reference"}, UnsupportedSchema, "/format"),
+    ({"type": "string", "format": "uri-template"}, UnsupportedSchema, "/format"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, UnsupportedSchema, ""),
     (False, UnsupportedSchema, ""),
     ({"allOf": [{"type": "string", "format": "date"}, {"format": "iri"}]}, UnsupportedSchema, "/allOf/1/format"),
