@@ -502,11 +502,12 @@ def number_expr(minimum=None, maximum=None, *, exclusive_minimum=None, exclusive
 
 
 MAX_CANONICAL_DIGITS = 15
-"""Digits a number may have under `not` (DBL_DIG: such decimals survive the round trip through a double)."""
+"""Digits a fraction may have under `not` (DBL_DIG: such decimals survive the round trip through a double). Integers
+are exact at any length (Python compares an int with a float bound exactly)."""
 
 
 def _canonical_numbers() -> fa.Expr:
-    integers = fa.union(fa.literal(b"0"), fa.concat(fa.optional(_MINUS), _NONZERO, fa.repeat(_DIGIT, 0, MAX_CANONICAL_DIGITS - 1)))
+    integers = JSON_INTEGER
     fractions = []
     for i in range(1, MAX_CANONICAL_DIGITS):  # i integer digits, 1..(15 - i) fraction digits, the last not 0
         whole = fa.literal(b"0") if i == 1 else fa.concat(_NONZERO, fa.repeat(_DIGIT, i - 1, i - 1))
@@ -519,9 +520,10 @@ def _canonical_numbers() -> fa.Expr:
 
 
 CANONICAL_NUMBER: fa.Expr = _canonical_numbers()
-"""The numbers a value checked by `not` is written with: integral values as integers, other values as plain decimals
-without trailing zeros, never an exponent or `-0`, at most 15 digits. Python compares such a decimal with any bound
-as its exact value would, so every numeric keyword is exact on these texts (see docs/guarantees.md, `not`)."""
+"""The numbers a value checked by `not` is written with: integral values as integers (any length), other values as
+plain decimals of at most 15 digits without trailing zeros, never an exponent or `-0`. Python compares such a text's
+value with any bound as its exact value would, so every numeric keyword is exact on these texts (see
+docs/guarantees.md, `not`)."""
 
 
 def canonical_text(x: int | float) -> str:

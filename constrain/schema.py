@@ -221,8 +221,8 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
                 compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
     if dfa.is_empty:
         universe = (
-            "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and numbers"
-            " at most 15 digits" if compiler._universe_cache else ""
+            "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and"
+            " fractions at most 15 digits" if compiler._universe_cache else ""
         )
         raise UnsupportedSchema(
             "no JSON value satisfies this schema under constrain's writing rules"
