@@ -273,6 +273,46 @@ def _finite_texts(dfa: fa.Dfa, limit: int) -> list[bytes] | None:
     return sorted(out)
 
 
+# Keywords whose values are JSON data, not subschemas: an `id` key inside them declares nothing.
+_DATA_KEYWORDS = frozenset({"enum", "const", "examples", "default"})
+
+
+def _anchors_of(root: Any, draft: str) -> tuple[dict[str, list[str]], str | None]:
+    """The anchors `root` declares under `draft` (name -> JSON Pointers of the subschemas declaring it), and the
+    pointer of a subschema (not the root) whose `$id`/`id` changes the base URI, if any (None)."""
+    if draft in ("draft2019-09", "draft2020-12"):
+        key, id_keys = "$anchor", ("$id",)
+    elif draft in ("draft3", "draft4"):
+        key, id_keys = "id", ("id",)
+    else:
+        key, id_keys = "$id", ("$id",)
+    found: dict[str, list[str]] = {}
+    rebased: str | None = None
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, list):
+            stack.extend((child, f"{at}/{i}") for i, child in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        name = node.get(key)
+        if isinstance(name, str):
+            if key == "$anchor":
+                found.setdefault(name, []).append(at)
+            elif name.startswith("#") and len(name) > 1:
+                found.setdefault(name[1:], []).append(at)
+        for id_key in id_keys:
+            base = node.get(id_key)
+            if at and isinstance(base, str) and not base.startswith("#") and rebased is None:
+                rebased = at
+        for k, child in node.items():
+            if k not in _DATA_KEYWORDS:
+                # (`lookup` unquotes each token: a '%' is written %25)
+                stack.append((child, f"{at}/{k.replace('~', '~0').replace('/', '~1').replace('%', '%25')}"))
+    return found, rebased
+
+
 def _first_symbols(dfa: fa.Dfa) -> frozenset:
     """The symbols a text of `dfa` may start with: bytes as ints, special symbols as ("special", id)."""
     if dfa.is_empty:
@@ -545,6 +585,7 @@ class _Compiler:
         from constrain import formats as _formats
 
         self.draft = _formats.draft_of(root)  # which `format`s assert anything (the rest are annotations)
+        self._anchors: tuple[dict[str, list[str]], str | None] | None = None  # `anchor`, on first use
         self._any_cache: dict[tuple[str, int, int], fa.Expr] = {}
         # Under a oneOf, every object orders its keys by one ranking of the names the oneOf mentions (and gives each
         # ranked name a slot wherever it may appear), so a value has one text in every branch: that is what makes
@@ -700,11 +741,11 @@ class _Compiler:
         if not ref.startswith("#"):
             raise UnsupportedSchema(f"only local '$ref's (starting with '#') are supported, got {ref!r}", pointer=pointer)
         node: Any = self.root
-        path = ref[1:]
-        if path and not path.startswith("/"):
-            raise UnsupportedSchema(f"'$ref' to an anchor is not supported: {ref!r}", pointer=pointer)
         from urllib.parse import unquote
 
+        path = ref[1:]
+        if path and not path.startswith("/"):
+            path = self.anchor(unquote(path), ref, pointer)
         for token in [t for t in path.split("/")[1:]]:
             token = unquote(token).replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and token in node:
@@ -714,6 +755,29 @@ class _Compiler:
             else:
                 raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
         return node, self.base + path
+
+    def anchor(self, name: str, ref: str, pointer: str) -> str:
+        """The JSON Pointer (in the root) of the subschema that `name` anchors: `$anchor` (2019-09, 2020-12), or an
+        `$id` (drafts 6, 7) / `id` (drafts 3, 4) of `#name`, as python-jsonschema reads the schema's draft.
+
+        Raises:
+            UnsupportedSchema: a subschema changes the base URI (an `$id` with more than a fragment), which scopes
+                anchors; or two subschemas declare the anchor.
+            InvalidSchema: no subschema declares it.
+        """
+        if self._anchors is None:
+            self._anchors = _anchors_of(self.root, self.draft)
+        found, rebased = self._anchors
+        if rebased is not None:
+            raise UnsupportedSchema(f"'$ref' to an anchor ({ref!r}) in a schema whose subschema at {rebased or '/'} "
+                                    "changes the base URI is not supported", pointer=pointer)
+        where = found.get(name)
+        if where is None:
+            raise InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema declares that anchor", pointer=pointer)
+        if len(where) > 1:
+            raise UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'}, {where[1]})",
+                                    pointer=pointer)
+        return where[0]
 
     # -- merging (allOf, $ref with siblings) -------------------------------------
 

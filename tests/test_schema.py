@@ -248,6 +248,38 @@ def test_unique_items_refused_beyond_few_values():
     assert relaxed.dfa.matches(b'["a", "a"]') and relaxed.relaxed[0][0] == "/uniqueItems"
 
 
+ANCHOR_CASES = [
+    # draft 4: `id: "#name"`; draft 7: `$id: "#name"`; 2020-12: `$anchor`
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array", "items": {"$ref": "#sid"},
+     "definitions": {"sid": {"id": "#sid", "type": "integer", "minimum": 0}}},
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": {"$ref": "#s"},
+     "definitions": {"s": {"$id": "#s", "type": "string", "maxLength": 2}}},
+    {"type": "object", "properties": {"x": {"$ref": "#pos"}, "y": {"$ref": "#/$defs/a%25b"}},
+     "$defs": {"a%b": {"$anchor": "pos", "type": "integer", "minimum": 1}}},
+]
+
+
+@pytest.mark.parametrize("schema", ANCHOR_CASES, ids=["draft4-id", "draft7-$id", "2020-12-$anchor"])
+def test_ref_to_an_anchor_resolves_as_jsonschema_does(schema):
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    oracle = corpus.validator(schema)
+    values = [[], [0], [-1], [1, 2], ["a"], ["abc"], [None], {"x": 1}, {"x": 0}, {"y": 2}, {"y": 0}, {"x": "s"}, 5]
+    for value in values:
+        assert dfa.matches(json.dumps(value, separators=(",", ":")).encode()) == oracle.is_valid(value), value
+
+
+@pytest.mark.parametrize(("schema", "cls"), [
+    ({"$defs": {"a": {"$id": "http://x/a.json", "$anchor": "p", "type": "integer"}}, "$ref": "#p"}, UnsupportedSchema),
+    ({"$defs": {"a": {"$anchor": "p"}, "b": {"$anchor": "p"}}, "$ref": "#p"}, UnsupportedSchema),
+    ({"$defs": {"a": {"id": "#p"}}, "$ref": "#p"}, InvalidSchema),  # 2020-12: `id` declares no anchor
+    ({"$ref": "#nowhere"}, InvalidSchema),
+])
+def test_anchor_that_cannot_be_resolved_exactly_is_refused(schema, cls):
+    with pytest.raises(cls) as info:
+        compile_schema(schema)
+    assert info.value.pointer == "/$ref"
+
+
 def test_error_pointer_is_prefixed_with_the_schema_location():
     with pytest.raises(UnsupportedSchema) as info:
         compile_schema({"properties": {"a/b": {"unevaluatedItems": {}}}}, pointer="/tools/2/function/parameters")
