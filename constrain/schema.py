@@ -1459,57 +1459,65 @@ class _Compiler:
     def distinct_items(self, schema: dict, pointer: str, prefix_exprs: list[fa.Expr], rest: fa.Expr, lo: int,
                        hi: int | None) -> fa.Expr | None:
         """`uniqueItems: true` where the items are one of a few values: the arrays whose elements are pairwise
-        distinct values (None: not an array with unique items after all; `relax` skipped the keyword).
+        distinct values (None: not enforced; `relax` skipped the keyword).
 
-        Enforced exactly when there are no `prefixItems` or `contains` and the items' texts are a finite set of at
-        most MAX_UNIQUE_VALUES distinct JSON values (an enum, a boolean, ...), texts of equal values (`1`, `1.0`)
-        counting as one: the automaton remembers which values were written, 2**n sets at most. Anything else
-        (strings, numbers, objects in general) would need an unbounded memory: `UnsupportedSchema`.
+        Enforced exactly without `contains` when every position's texts (each `prefixItems` entry's, then the
+        items') are a finite set and all of them together hold at most MAX_UNIQUE_VALUES distinct JSON values (an
+        enum, booleans, ...; texts of equal values such as `1` and `1.0` count as one): the automaton remembers
+        which values were written, 2**n sets at most. Anything else (strings, numbers, objects in general) would
+        need an unbounded memory: `UnsupportedSchema`.
         """
         where = join_pointer(pointer, "uniqueItems")
-        if prefix_exprs or "contains" in schema:
-            self.unsupported("'uniqueItems': true is enforced only without 'prefixItems'/'contains'", where)
+        if "contains" in schema:
+            self.unsupported("'uniqueItems': true is enforced only without 'contains'", where)
             return None
-        dfa = fa.compile(rest, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
-        texts = _finite_texts(dfa, MAX_UNIQUE_VALUES * 4)
-        classes: list[tuple[Any, list[bytes]]] = []  # (value, its texts)
-        for text in texts or ():
-            try:
-                value = json.loads(text)
-            except ValueError:  # a syntax whose items are not JSON texts (XML parameters): not enforced here
-                texts = None
+        classes: list[Any] = []  # the distinct values, in order of first appearance
+        positions: list[dict[int, list[bytes]]] = []  # per position (prefix entries, then the items): class -> texts
+        for expr in [*prefix_exprs, rest]:
+            dfa = fa.compile(expr, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers,
+                             pointer=pointer)
+            texts = _finite_texts(dfa, MAX_UNIQUE_VALUES * 4)
+            if texts is None:
                 break
-            for known, spelled in classes:
-                if _json_equal(known, value):
-                    spelled.append(text)
+            spelled: dict[int, list[bytes]] = {}
+            for text in texts:
+                try:
+                    value = json.loads(text)
+                except ValueError:  # a syntax whose items are not JSON texts (XML parameters): not enforced here
+                    texts = None
                     break
-            else:
-                classes.append((value, [text]))
-        if texts is None or len(classes) > MAX_UNIQUE_VALUES:
+                c = next((i for i, known in enumerate(classes) if _json_equal(known, value)), None)
+                if c is None:
+                    c = len(classes)
+                    classes.append(value)
+                spelled.setdefault(c, []).append(text)
+            if texts is None:
+                break
+            positions.append(spelled)
+        if len(positions) <= len(prefix_exprs) or len(classes) > MAX_UNIQUE_VALUES:
             self.unsupported(f"'uniqueItems': true is enforced only for items of at most {MAX_UNIQUE_VALUES} "
                              "values (an enum): these items take more", where)
             return None
-        values = [fa.union(*(fa.literal(t) for t in spelled)) for _, spelled in classes]
-        top = len(values) if hi is None else min(hi, len(values))
-        if top < lo:
-            return fa.NOTHING
+        top = len(classes) if hi is None else min(hi, len(classes))
         sep = self.syntax.item_sep
         after: dict[int, fa.Expr] = {}
 
-        def more(used: int, count: int) -> fa.Expr:
-            """The rest of the array once the values in the bit set `used` (count of them) were written."""
+        def more(used: int) -> fa.Expr:
+            """The rest of the array once the values in the bit set `used` were written, one element each."""
             if used not in after:
+                count = used.bit_count()
                 options = [fa.EMPTY] if count >= lo else []
                 if count < top:
                     lead = fa.EMPTY if count == 0 else sep
-                    options += [fa.concat(lead, v, more(used | 1 << i, count + 1))
-                                for i, v in enumerate(values) if not used >> i & 1]
+                    spelled = positions[min(count, len(positions) - 1)]
+                    options += [fa.concat(lead, fa.union(*(fa.literal(t) for t in texts)), more(used | 1 << c))
+                                for c, texts in spelled.items() if not used >> c & 1]
                 after[used] = fa.union(*options) if options else fa.NOTHING
             return after[used]
 
-        for used in range((1 << len(values)) - 1, -1, -1):  # the fullest sets first: no deep recursion
-            more(used, used.bit_count())
-        return fa.concat(self.syntax.arr_open, more(0, 0), self.syntax.arr_close)
+        for used in range((1 << len(classes)) - 1, -1, -1):  # the fullest sets first: no deep recursion
+            more(used)
+        return fa.concat(self.syntax.arr_open, more(0), self.syntax.arr_close)
 
     def contains(self, schema: dict, pointer: str, refs: tuple[str, ...], prefix: list, items: Any, lo: int, hi: int | None) -> fa.Expr | None:
         """Arrays with between minContains and maxContains elements valid against `contains` (None: no constraint).

@@ -212,6 +212,8 @@ UNIQUE_CASES = [
     {"type": "array", "items": {"enum": [{"a": 1}, {"b": [1, 2]}, [1]]}, "uniqueItems": True, "minItems": 2},
     {"type": ["array", "null"], "items": {"enum": ["Windows.Desktop", "Windows.Universal"]}, "maxItems": 2, "uniqueItems": True},
     {"not": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True}},
+    {"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "items": False, "uniqueItems": True},
+    {"type": "array", "prefixItems": [{"const": 1}], "items": {"enum": [1, 2, "x"]}, "uniqueItems": True},
 ]
 
 
@@ -222,7 +224,7 @@ def test_unique_items_of_few_values_against_jsonschema(schema):
     dfa = compile_schema(schema, whitespace="compact").dfa
     oracle = corpus.validator(schema)
     sub = schema.get("not", schema)
-    values = sub["items"].get("enum") or [True, False]
+    values = [*(sub["items"] or {}).get("enum", [True, False]), *(v for p in sub.get("prefixItems", []) if "const" in p for v in [p["const"]])]
     spellings = {json.dumps(v, separators=(",", ":")): v for v in values}
     spellings.update({f"{v}.0": v for v in values if type(v) is int})
     texts = ["[]", "null", '"a"']
@@ -240,7 +242,8 @@ def test_unique_items_of_few_values_against_jsonschema(schema):
 def test_unique_items_refused_beyond_few_values():
     for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                    {"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True},
-                   {"type": "array", "prefixItems": [{"const": 1}], "items": {"enum": [1, 2]}, "uniqueItems": True}):
+                   {"type": "array", "prefixItems": [{"const": 1}], "items": {"type": "string"}, "uniqueItems": True},
+                   {"type": "array", "items": {"enum": [1, 2]}, "contains": {"const": 1}, "uniqueItems": True}):
         with pytest.raises(UnsupportedSchema) as info:
             compile_schema(schema)
         assert info.value.pointer == "/uniqueItems"
