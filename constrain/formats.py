@@ -163,8 +163,18 @@ _EMAIL = fa.concat(
 
 # --- uri, uri-reference (RFC 3986 `URI`, `URI-reference`) ---------------------------------------------------------
 
-def _uri_pieces() -> dict[str, fa.Expr]:
-    unreserved = _bytes_of("a-zA-Z0-9._~-")
+# RFC 3987 `ucschar` and `iprivate`: the code points an IRI adds to a URI's unreserved characters (and, private use,
+# to its query)
+_UCSCHAR = fa.chars([(0xA0, 0xD7FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF)]
+                    + [(plane << 16, (plane << 16) + 0xFFFD) for plane in range(1, 14)] + [(0xE1000, 0xEFFFD)])
+_IPRIVATE = fa.chars([(0xE000, 0xF8FF), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD)])
+
+
+def _uri_pieces(iri: bool = False) -> dict[str, fa.Expr]:
+    """The parts of RFC 3986's URI grammar, or with `iri` of RFC 3987's IRI grammar (`iunreserved` takes `ucschar`,
+    `iquery` also `iprivate`)."""
+    ascii_unreserved = _bytes_of("a-zA-Z0-9._~-")
+    unreserved = fa.union(ascii_unreserved, _UCSCHAR) if iri else ascii_unreserved
     sub_delims = _bytes_of("!$&'()*+,;=")
     pct = fa.concat(_lit("%"), _HEX, _HEX)
     pchar = fa.union(unreserved, pct, sub_delims, _bytes_of(":@"))
@@ -172,7 +182,8 @@ def _uri_pieces() -> dict[str, fa.Expr]:
     segment_nz = fa.repeat(pchar, 1)
     scheme = fa.concat(_ALPHA, fa.repeat(_bytes_of("a-zA-Z0-9+.-"), 0))
     userinfo = fa.repeat(fa.union(unreserved, pct, sub_delims, _lit(":")), 0)
-    ip_future = fa.concat(_bytes_of("vV"), fa.repeat(_HEX, 1), _lit("."), fa.repeat(fa.union(unreserved, sub_delims, _lit(":")), 1))
+    # IPvFuture: a lowercase "v" only, as rfc3987 reads the ABNF (the RFC's string literals ignore case)
+    ip_future = fa.concat(_lit("v"), fa.repeat(_HEX, 1), _lit("."), fa.repeat(fa.union(ascii_unreserved, sub_delims, _lit(":")), 1))
     host = fa.union(
         fa.concat(_lit("["), fa.union(_IPV6, ip_future), _lit("]")),
         _IPV4,
@@ -181,6 +192,7 @@ def _uri_pieces() -> dict[str, fa.Expr]:
     authority = fa.concat(fa.optional(fa.concat(userinfo, _lit("@"))), host, fa.optional(fa.concat(_lit(":"), fa.repeat(_DIGIT, 0))))
     path_abempty = fa.repeat(fa.concat(_lit("/"), segment), 0)
     tail = fa.repeat(fa.union(pchar, _bytes_of("/?")), 0)
+    query = fa.repeat(fa.union(pchar, _bytes_of("/?"), _IPRIVATE), 0) if iri else tail
     return {
         "scheme": scheme,
         "net_path": fa.concat(_lit("//"), authority, path_abempty),  # "//" authority path-abempty
@@ -188,20 +200,20 @@ def _uri_pieces() -> dict[str, fa.Expr]:
         "path_rootless": fa.concat(segment_nz, path_abempty),
         # segment-nz-nc: a first segment without ':' (else it would read as a scheme)
         "path_noscheme": fa.concat(fa.repeat(fa.union(unreserved, pct, sub_delims, _lit("@")), 1), path_abempty),
-        "query_fragment": fa.concat(fa.optional(fa.concat(_lit("?"), tail)), fa.optional(fa.concat(_lit("#"), tail))),
+        "query_fragment": fa.concat(fa.optional(fa.concat(_lit("?"), query)), fa.optional(fa.concat(_lit("#"), tail))),
     }
 
 
-def _uri() -> fa.Expr:
-    p = _uri_pieces()
+def _uri(iri: bool = False) -> fa.Expr:
+    p = _uri_pieces(iri)
     hier_part = fa.union(p["net_path"], p["path_absolute"], p["path_rootless"], fa.EMPTY)
     return fa.concat(p["scheme"], _lit(":"), hier_part, p["query_fragment"])
 
 
-def _uri_reference() -> fa.Expr:
-    p = _uri_pieces()
+def _uri_reference(iri: bool = False) -> fa.Expr:
+    p = _uri_pieces(iri)
     relative_part = fa.union(p["net_path"], p["path_absolute"], p["path_noscheme"], fa.EMPTY)
-    return fa.union(_uri(), fa.concat(relative_part, p["query_fragment"]))
+    return fa.union(_uri(iri), fa.concat(relative_part, p["query_fragment"]))
 
 
 _FORMATS: dict[str, Callable[[], fa.Expr]] = {
@@ -216,6 +228,8 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "uuid": _uuid,
     "uri": _uri,
     "uri-reference": _uri_reference,
+    "iri": lambda: _uri(iri=True),
+    "iri-reference": lambda: _uri_reference(iri=True),
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -237,7 +251,7 @@ _ASSERTED = {
     "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
     "draft4": _EARLY,
     "draft6": _EARLY | {"uri-reference"},
-    "draft7": _EARLY | {"date", "time", "uri-reference"},
+    "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference"},
     "draft2019-09": frozenset(SUPPORTED_FORMATS),
     "draft2020-12": frozenset(SUPPORTED_FORMATS),
 }
@@ -279,8 +293,8 @@ def is_asserted(name: str, draft: str, *, pointer: str = "") -> bool:
     A supported format that the draft does not define (draft 4 and 6: date, time, duration, uuid; draft 7: duration,
     uuid) is an annotation under that draft, as python-jsonschema treats it: False. So is a custom format, one that no
     specification of the draft defines (`url`, `byte`, `semver`, ...: JSON Schema leaves those to the application,
-    and validators pass every value). A name the draft defines that constrain does not support (`iri`, `regex`,
-    ...) is True, so that `format_expr` refuses it.
+    and validators pass every value). A name the draft defines that constrain does not support (`uri-template`,
+    `regex`, ...) is True, so that `format_expr` refuses it.
 
     Raises:
         UnsupportedSchema: draft 3's `time` (a different language: `HH:MM:SS` without offset).
@@ -308,8 +322,8 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
         trailing dot, no label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not
         checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
-      - uri, uri-reference: RFC 3986 `URI`, `URI-reference` (dec-octet without leading zeros in IPv4 inside
-        brackets); no trailing newline.
+      - uri, uri-reference, iri, iri-reference: RFC 3986 `URI`, `URI-reference`, RFC 3987 `IRI`, `IRI-reference`
+        (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
     The caller adds JSON quoting and escaping.
 
     Args:

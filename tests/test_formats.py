@@ -84,10 +84,9 @@ NARROWINGS = {
         "no trailing newline; no leading-zero octets in bracketed IPv4",
         lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None,
     ),
-    "uri-reference": (
-        "no trailing newline; no leading-zero octets in bracketed IPv4",
-        lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None,
-    ),
+    **{name: ("no trailing newline; no leading-zero octets in bracketed IPv4",
+              lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None)
+       for name in ("uri-reference", "iri", "iri-reference")},
 }
 
 
@@ -143,6 +142,7 @@ SUITE_NARROWINGS = {
     ("hostname", "xn--11b2ezcs70k"): "A-label",
     ("hostname", "xn--ngba5hb2804a"): "A-label",
     ("hostname", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk.com"): "longer than 63 bytes",
+    ("iri", "http://[V1.fe]"): "IPvFuture with an uppercase V: the checker (rfc3987) rejects it",
 }
 
 
@@ -184,6 +184,10 @@ EDGES = {
     "uri-reference": (["", "a", "a/b:c", "/", "/a/b", "//h", "//u@h:8/p?q#f", "?q", "#f", "../x", "a:b", "http://[::1]/",
                        "%41/b", "@x", "a;b=c"],
                       [":", ":a", "1a:b", "a b", "//[::1", "%g0", "/%", "#f#", "a\n", "\\x", "[x]"]),
+    "iri": (["a:é", "http://résumé.example/ü?q=€&p=\ue000#f", "x://[::1]/\U00010000", "a:b"],
+            ["é:x", "http://x/\ue000", "a:\u00a0\n", "http://[é]", "a:\x7f", "a:\ufffe", "a"]),
+    "iri-reference": (["", "é", "/ü/x?\ue000", "//hôte/p", "#€", "a:é"],
+                      [":é", "\ue000", "#\ue000", "é é", "%zz"]),
 }
 
 
@@ -329,7 +333,7 @@ def test_custom_format_is_an_annotation_reported_in_ignored_keywords(name):
     assert compiled.ignored_keywords == ["/properties/x/format"]
 
 
-@pytest.mark.parametrize("name", ["iri-reference", "iri", "regex", "json-pointer", "idn-hostname"])
+@pytest.mark.parametrize("name", ["uri-template", "relative-json-pointer", "regex", "json-pointer", "idn-hostname"])
 def test_format_the_draft_defines_but_constrain_cannot_enforce_is_refused(name):
     with pytest.raises(UnsupportedSchema) as info:
         compile_schema({"type": "string", "format": name})
