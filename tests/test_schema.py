@@ -193,7 +193,7 @@ ERROR_CASES = [
     ({"type": "string", "format": "uri-template"}, UnsupportedSchema, "/format"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, UnsupportedSchema, ""),
     (False, UnsupportedSchema, ""),
-    ({"allOf": [{"type": "string", "format": "date"}, {"format": "iri"}]}, UnsupportedSchema, "/allOf/1/format"),
+    ({"allOf": [{"type": "string", "format": "date"}, {"format": "uri-template"}]}, UnsupportedSchema, "/allOf/1/format"),
 ]
 
 
