@@ -41,30 +41,35 @@ _Bound = tuple[Fraction, bool]  # (value, strict)
 
 # --- digit automata built state by state (linear in the number of digits, no deep expression nesting) ---------
 
-def _digit_dfa(start: Hashable, step: Callable[[Hashable, int], Hashable | None], accepting: Callable[[Hashable], bool]) -> fa.Expr:
-    """The digit strings driven through `step` from `start`; `step` returns None for a dead end."""
+def _digit_dfa(start: Hashable, step: Callable[[Hashable, int | str], Hashable | None],
+               accepting: Callable[[Hashable], bool], extra: str = "", shape: fa.Expr | None = None) -> fa.Expr:
+    """The digit strings (with the `extra` characters, within `shape`) driven through `step` from `start`;
+    `step(state, symbol)` gets a digit 0-9 or one of `extra`, and returns None for a dead end."""
+    symbols: list[int | str] = [*range(10), *extra]
     index = {start: 0}
     order = [start]
     rows: list[list[int]] = []
     while len(rows) < len(order):
         state = order[len(rows)]
-        row = [-1] * 11  # classes 0..9: the digits; class 10: every other byte
-        for d in range(10):
-            nxt = step(state, d)
+        row = [-1] * (len(symbols) + 1)  # one class per symbol; the last: every other byte
+        for c, symbol in enumerate(symbols):
+            nxt = step(state, symbol)
             if nxt is not None:
                 if nxt not in index:
                     index[nxt] = len(order)
                     order.append(nxt)
-                row[d] = index[nxt]
+                row[c] = index[nxt]
         rows.append(row)
     accept = np.array([accepting(s) for s in order], dtype=bool)
     if not accept.any():
         return fa.NOTHING
-    class_of = np.full(256, 10, dtype=np.int32)
+    class_of = np.full(256, len(symbols), dtype=np.int32)
     class_of[0x30:0x3A] = np.arange(10, dtype=np.int32)
+    for c, ch in enumerate(extra, start=10):
+        class_of[ord(ch)] = c
     raw = fa.Dfa(np.array(rows, dtype=np.int32), accept, class_of, (), 0)
     # `raw` may hold dead or equivalent states; the product trims and minimises it, as every `Dfa` must be.
-    return fa.compile(fa.intersect(raw, fa.repeat(_DIGIT, 0)))
+    return fa.compile(fa.intersect(raw, fa.repeat(_DIGIT, 0) if shape is None else shape))
 
 
 def _fixed_between(lo: str, hi: str) -> fa.Expr:
@@ -309,7 +314,7 @@ def _modulus_dfa(k: int) -> fa.Expr:
 
 
 def _decimal_multiples(k: Fraction, written_as, pointer: str) -> fa.Expr:
-    """Plain decimal texts (`-?digits(.digits)?`, shape not checked) whose value is a multiple of k = a/b (lowest
+    """The plain decimal texts `-?digits(.digits)?` (leading zeros not checked) whose value is a multiple of k = a/b (lowest
     terms, b > 1), in exact arithmetic.
 
     x = N / 10**f (N: the digits without the dot, f: the fraction digits) is a multiple iff a * 10**f divides N * b.
@@ -330,58 +335,28 @@ def _decimal_multiples(k: Fraction, written_as, pointer: str) -> fa.Expr:
         raise UnsupportedSchema(
             f"multipleOf {written_as!r} for numbers needs {m} residues; the enforced limit is {MAX_MULTIPLE_OF}",
             pointer=join_pointer(pointer, "multipleOf"))
-    # states: ("s",) start; ("i", r) integer digits read; ("d", r) just after the dot; ("f", r, j) j fraction digits
-    # read (j == e: only zeros may follow). r: the digits so far modulo m.
-    start = ("s",)
-    index = {start: 0}
-    order = [start]
-    rows: list[list[int]] = []
-    accept: list[bool] = []
-
-    def target(state) -> list:
-        out: list = [None] * 13  # classes 0..9 digits, 10 '.', 11 '-', 12 other
-        kind = state[0]
-        if kind == "s":
-            out[11] = ("i", 0)
-        if kind in ("s", "i"):
-            r = state[1] if kind == "i" else 0
-            for d in range(10):
-                out[d] = ("i", (10 * r + d) % m)
-            if kind == "i":
-                out[10] = ("d", r)
-        elif kind == "d" or (kind == "f" and state[2] < e):
-            r, j = state[1], 0 if kind == "d" else state[2]
-            for d in range(10):
-                out[d] = ("f", (10 * r + d) % m, j + 1) if j < e else None
-            if j == e:  # e == 0: only zeros after the dot
-                out[0] = ("f", r, e)
-        else:  # ("f", r, e): trailing zeros
-            out[0] = state
-        return out
+    # states: ("i", r) integer digits read (the sign changes nothing); ("d", r) just after the dot; ("f", r, j) j
+    # fraction digits read (j == e: only zeros may follow). r: the digits so far modulo m.
+    def step(state, symbol):
+        kind, r = state[0], state[1]
+        if symbol == "-":
+            return state if state == ("i", 0) else None  # (where a sign may stand is the shape's business)
+        if symbol == ".":
+            return ("d", r) if kind == "i" else None
+        if kind == "i":
+            return "i", (10 * r + symbol) % m
+        j = 0 if kind == "d" else state[2]
+        if j < e:
+            return "f", (10 * r + symbol) % m, j + 1
+        return ("f", r, e) if symbol == 0 else None
 
     def accepting(state) -> bool:
         if state[0] == "i":
             return state[1] * 10**e % m == 0
         return state[0] == "f" and state[1] * 10 ** (e - state[2]) % m == 0
 
-    while len(rows) < len(order):
-        state = order[len(rows)]
-        row = []
-        for nxt in target(state):
-            if nxt is not None and nxt not in index:
-                index[nxt] = len(order)
-                order.append(nxt)
-            row.append(-1 if nxt is None else index[nxt])
-        rows.append(row)
-        accept.append(accepting(state))
-    class_of = np.full(256, 12, dtype=np.int32)
-    class_of[0x30:0x3A] = np.arange(10, dtype=np.int32)
-    class_of[ord(".")] = 10
-    class_of[ord("-")] = 11
-    raw = fa.Dfa(np.array(rows, dtype=np.int32), np.array(accept, dtype=bool), class_of, (), 0)
-    # `raw` may hold dead or equivalent states: intersected with its own shape, it is trimmed and minimised
     shape = fa.concat(fa.optional(_MINUS), fa.repeat(_DIGIT, 1), fa.optional(fa.concat(_DOT, fa.repeat(_DIGIT, 1))))
-    return fa.compile(fa.intersect(raw, shape))
+    return _digit_dfa(("i", 0), step, accepting, extra=".-", shape=shape)
 
 
 def _valuation(n: int, p: int) -> int:
