@@ -484,9 +484,7 @@ def counted_chars(limit: int, char: Expr) -> Expr:
     """At most `limit` repetitions of `char` (one character each), with the markers a cursor counts them by: the
     content of a counted string, whose closing delimiter `counted_close` must follow. What precedes must leave
     nothing else possible (an opening quote), and `char` may not spell the closing delimiter."""
-    if limit < 0:
-        raise InternalError(f"a counted string's limit must be >= 0, got {limit}")
-    return concat(special(_MARK_OPEN_BASE - limit), repeat(concat(char, special(MARK_TICK)), 0))
+    return concat(counted_open(limit), repeat(concat(char, counted_tick()), 0))
 
 
 def counted_close() -> Expr:
@@ -495,15 +493,16 @@ def counted_close() -> Expr:
 
 
 def counted_open(limit: int) -> Expr:
-    """The marker right after a counted array's opening bracket: at most `limit` ticks (`counted_tick`) follow before
-    `counted_close`. What precedes must leave nothing else possible."""
+    """The marker that opens a counter (after a counted array's bracket, a counted string's quote): at most `limit`
+    ticks (`counted_tick`) follow before `counted_close`. What precedes must leave nothing else possible."""
     if limit < 0:
-        raise InternalError(f"a counted array's limit must be >= 0, got {limit}")
+        raise InternalError(f"a counter's limit must be >= 0, got {limit}")
     return special(_MARK_OPEN_BASE - limit)
 
 
 def counted_tick() -> Expr:
-    """The marker right after a counted array's item separator (the comma, before any whitespace)."""
+    """The marker of one count: after a counted string's character, after a counted array's separating comma (before
+    any whitespace)."""
     return special(MARK_TICK)
 
 

@@ -532,8 +532,9 @@ class TokenIndex:
     # ---- counted strings
 
     def _need_ticks(self) -> np.ndarray:
-        """Per state, 1 when a counted string there (inside a character or an escape) takes one more character before
-        it can close, else 0 (int64; a last 0 for the dead state -1)."""
+        """Per state, 1 when a counter there takes one more count before it can close (a counted string inside a
+        character or an escape, a counted array short of its minItems), else 0 (int64; a last 0 for the dead state
+        -1)."""
         if self._need is None:
             effect = self._counters.effect
             trans = np.asarray(self._plain.transitions)
@@ -549,8 +550,8 @@ class TokenIndex:
         return self._need
 
     def _counted_row(self, state: int, room: int, budget: int | None) -> int:
-        """The row of `state`'s mask inside a counted string with `room` characters left (at most the longest token's
-        bytes): the plain mask (under `budget`) without the tokens that would pass the bound, or end inside a
+        """The row of `state`'s mask inside a counter with `room` counts left (at most `_near`: the most one token
+        ticks): the plain mask (under `budget`) without the tokens that would pass the bound, or end inside a
         character with no room for it."""
         key = (state, room, budget)
         row = self._counted_rows.get(key)
@@ -1219,7 +1220,7 @@ class TokenState:
                                            data, self._count, self._limit)
         if at >= 0:
             if 0 <= limit < count:
-                self._violation(t, f"the string passes its maxLength of {limit} characters (from its counted part)")
+                self._violation(t, f"the text passes its counted bound of {limit} (maxLength characters or maxItems commas)")
             self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
         if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
