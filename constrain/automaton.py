@@ -446,6 +446,12 @@ class Dfa(Expr):
             return False
         if has_counters(self):
             plain, counters = contract_counters(self)  # (cached on the automaton)
+            if counters.refill is not None:
+                stack: list[int] = []
+                state = walk_stacked(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
+                                     memoryview(counters.effect.ravel()), counters.limits, memoryview(counters.spill.ravel()),
+                                     memoryview(counters.refill.ravel()), plain.start, data, 0, -1, stack)[0]
+                return state >= 0 and not stack and bool(plain.accepting[state])
             state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
                                  memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1)[0]
             return state >= 0 and bool(plain.accepting[state])
@@ -544,11 +550,17 @@ def has_counters(dfa: Dfa) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class Counters:
-    """The counters of a contracted automaton: `effect[s, c]` (int8) is what the transition on class c from state s
-    does to the count (EFFECT_*), `limits[i]` the bound of OPEN effect `EFFECT_OPEN + i`."""
+    """The counters and stack of a contracted automaton: `effect[s, c]` (int8) is what the transition on class c from
+    state s does to the count (EFFECT_*), `limits[i]` the bound of OPEN effect `EFFECT_OPEN + i`. With deep values
+    (`nested_values`): `spill[s, c]` is 1 + the container kind that transition pushes on the cursor's stack (0: none),
+    `refill[s, k]` the state the cursor moves to from `s` when it takes kind k back off the stack (-1: none), and
+    `window` the fewest container kinds any of them keeps in its states; else those are None and 0."""
 
     effect: np.ndarray
     limits: tuple[int, ...]
+    spill: np.ndarray | None = None
+    refill: np.ndarray | None = None
+    window: int = 0
 
 
 def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...], state: int, data: bytes,
@@ -575,6 +587,33 @@ def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...
     return state, count, limit, -1
 
 
+def walk_stacked(table, n_classes: int, class_of, effect, limits: tuple[int, ...], spill, refill, state: int,
+                 data: bytes, count: int, limit: int, stack: list[int]) -> tuple[int, int, int, int]:
+    """`walk_counted` of an automaton with deep values (`nested_values`) as well: `spill` (flat like `effect`) and
+    `refill` (flat, `state * 2 + kind`) from `Counters`; `stack` (the kinds spilled so far, innermost last) is updated
+    in place, refills taken as soon as a state offers them."""
+    for at, byte in enumerate(data):
+        x = state * n_classes + class_of[byte]
+        state = table[x]
+        if state < 0:
+            return -1, count, limit, at
+        e = effect[x]
+        if e == EFFECT_TICK:
+            count += 1
+            if 0 <= limit < count:
+                return -1, count, limit, at
+        elif e == EFFECT_CLOSE:
+            limit = -1
+        elif e:
+            count, limit = 0, limits[e - EFFECT_OPEN]
+        k = spill[x]
+        if k:
+            stack.append(k - 1)
+        elif stack and refill[2 * state] >= 0:
+            state = refill[2 * state + stack.pop()]
+    return state, count, limit, -1
+
+
 def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     """`dfa` without its marker symbols (see `counted_chars`) and the effects they leave on the transitions before
     them; `(dfa, None)` when it has none.
@@ -589,15 +628,34 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     marks = [(i, sid) for i, sid in enumerate(dfa.specials) if sid < 0]
     if not marks or dfa.is_empty:
         return dfa, None
-    trans = np.asarray(dfa.transitions)
+    trans = np.array(dfa.transitions)
     class_of = np.asarray(dfa.class_of)
     n = trans.shape[0]
     keep_symbols = list(range(N_BYTES)) + [N_BYTES + i for i, sid in enumerate(dfa.specials) if sid >= 0]
     plain_cols = np.unique(class_of[keep_symbols])
+    # REFILL markers are transitions the cursor takes itself: read into `refill`, then cut from the table
+    refills = [(i, _stack_marker_of(sid)) for i, sid in marks if _stack_marker_of(sid) is not None and _stack_marker_of(sid)[1] >= 2]
+    refill = None
+    if refills:
+        refill = np.full((n, 2), -1, np.int64)
+        for i, (_, code) in refills:
+            cls = int(class_of[N_BYTES + i])
+            if cls in plain_cols and (trans[:, cls] >= 0).any():
+                raise InternalError("a refill marker shares its symbol class with another symbol")
+            refill[:, code - 2] = trans[:, cls]
+        for i, _ in refills:
+            if int(class_of[N_BYTES + i]) not in plain_cols:
+                trans[:, int(class_of[N_BYTES + i])] = -1
+        marks = [(i, sid) for i, sid in marks if (i, _stack_marker_of(sid)) not in refills]
+    windows = [_stack_marker_of(sid)[0] for sid in dfa.specials if _stack_marker_of(sid) is not None]
     limits = sorted({_MARK_OPEN_BASE - sid for _, sid in marks if sid <= _MARK_OPEN_BASE})
     code_of_class: dict[int, int] = {}
     for i, sid in marks:
-        code = EFFECT_TICK if sid == MARK_TICK else EFFECT_CLOSE if sid == MARK_CLOSE else EFFECT_OPEN + limits.index(_MARK_OPEN_BASE - sid)
+        stack = _stack_marker_of(sid)
+        if stack is not None:  # SPILL(kind): an effect like a counter's, told apart by its sign
+            code = -1 - stack[1]
+        else:
+            code = EFFECT_TICK if sid == MARK_TICK else EFFECT_CLOSE if sid == MARK_CLOSE else EFFECT_OPEN + limits.index(_MARK_OPEN_BASE - sid)
         cls = int(class_of[N_BYTES + i])
         if cls in plain_cols or code_of_class.get(cls, code) != code:
             if (trans[:, cls] >= 0).any():
@@ -633,8 +691,115 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     specials = tuple(sid for sid in dfa.specials if sid >= 0)
     new_class_of = class_of[keep_symbols]
     plain = Dfa(table.astype(np.int32), dfa.accepting[kept], new_class_of, specials, int(new_id[dfa.start]))
-    dfa._contracted = (plain, Counters(effect, tuple(limits)))
+    spill = None
+    if windows:
+        spill = np.where(effect < 0, -effect, 0).astype(np.int8)  # -1 - kind -> 1 + kind
+        effect[effect < 0] = EFFECT_NONE
+        refill = np.full((len(kept), 2), -1, np.int64) if refill is None else refill[kept]
+        live = refill >= 0
+        refill[live] = new_id[refill[live]]
+        if (refill[live] < 0).any():
+            raise InternalError("a refill marker leads to a marked state")
+    dfa._contracted = (plain, Counters(effect, tuple(limits), spill, refill, min(windows, default=0)))
     return dfa._contracted
+
+
+# ---------------------------------------------------------------------------
+# Deep values: a window of container kinds in the automaton, the rest on the cursor's stack
+# ---------------------------------------------------------------------------
+#
+# A free-form JSON value nests arrays and objects without bound, which no finite automaton holds. `nested_values`
+# keeps the innermost `window` container kinds in its states. Opening one more drops the outermost kind of the window
+# from the states and spells the marker SPILL(kind) after the bracket: the cursor pushes that kind on a stack. A
+# closing bracket that leaves the window one short of full leads to a state with REFILL(kind) transitions: when its
+# stack is not empty, the cursor takes the one of the kind on top of it (at once, in the middle of a token too), so
+# the window is full whenever the stack holds anything. REFILL transitions are never tokens; `contract_counters`
+# cuts them from the table into `Counters.refill`.
+#
+# Masks stay the automaton's rows for every token holding fewer than `window` closing brackets: from a state with a
+# full window it cannot close the whole window, and with an empty stack the window is the whole nesting, so the top
+# kinds it closes are the ones the states know. The few tokens with more (3 to 24 per vocabulary at window 3: `}}}`,
+# `']]],\n`) are walked with the stack by the index (`TokenIndex._stack_row`).
+
+STACK_ARR, STACK_OBJ = 0, 1
+_MARK_STACK_BASE = -(1 << 20)  # marker `_MARK_STACK_BASE - 4 * window - code`; code 0/1 SPILL(kind), 2/3 REFILL(kind)
+
+
+def _stack_marker_of(sid: int) -> tuple[int, int] | None:
+    """(window, code) of a stack marker id, else None."""
+    if not _MARK_OPEN_BASE < sid <= _MARK_STACK_BASE:
+        return None
+    window, code = divmod(_MARK_STACK_BASE - sid, 4)
+    return window, code
+
+
+def nested_values(window: int, scalar: Expr, key: Expr, item_sep: Expr, member_sep: Expr) -> Expr:
+    """JSON values nested to any depth: `scalar` values, arrays of values between `[` `]` separated by `item_sep`,
+    objects of `key` (a member's key and colon) value pairs between `{` `}` separated by `member_sep`; the innermost
+    `window` (>= 2) container kinds kept in states, deeper ones on the cursor's stack (see above)."""
+    if window < 2:
+        raise InternalError(f"a stack window holds at least 2 container kinds, got {window}")
+    SCALAR, KEY, ISEP, MSEP = 1, 2, 3, 4  # placeholder bytes, substituted at the end
+    close = {STACK_ARR: ord("]"), STACK_OBJ: ord("}")}
+    symbols = [SCALAR, KEY, ISEP, MSEP, ord("["), ord("]"), ord("{"), ord("}")]
+    specials = tuple(sorted(_MARK_STACK_BASE - 4 * window - code for code in range(4)))
+    col = {b: 1 + i for i, b in enumerate(symbols)}  # column 0: every other symbol (dead)
+    for code in range(4):
+        col[("mark", code)] = 1 + len(symbols) + specials.index(_MARK_STACK_BASE - 4 * window - code)
+    n_cols = 1 + len(symbols) + len(specials)
+    ids: dict[tuple, int] = {}
+    rows: list[list[int]] = []
+    todo: list[tuple] = []
+
+    def to(node: tuple) -> int:
+        if node not in ids:
+            ids[node] = len(rows)
+            rows.append([-1] * n_cols)
+            todo.append(node)
+        return ids[node]
+
+    def after(w: tuple) -> tuple:  # where a value written inside the containers `w` (outermost first) leaves
+        return (w, "after") if w else ((), "done")
+
+    def value_moves(w: tuple) -> list[tuple]:
+        moves = [(SCALAR, after(w))]
+        for byte, kind in ((ord("["), STACK_ARR), (ord("{"), STACK_OBJ)):
+            inner = (w + (kind,))[-window:]
+            moves.append((byte, (inner, "open") if len(w) < window else ("spill", w[0], inner)))
+        return moves
+
+    to(((), "value"))
+    while todo:
+        node = todo.pop()
+        row = rows[ids[node]]
+        if node[0] == "spill":  # after the bracket: the marker that pushes the dropped kind
+            _, kind, inner = node
+            row[col[("mark", kind)]] = to((inner, "open"))
+            continue
+        w, pos = node
+        top = w[-1] if w else None
+        moves: list[tuple] = []
+        if pos == "value":
+            moves = value_moves(w)
+        elif pos == "open":
+            moves = [(close[top], after(w[:-1]))] + (value_moves(w) if top == STACK_ARR else [(KEY, (w, "value"))])
+        elif pos == "after":
+            moves = [(close[top], after(w[:-1])), (ISEP, (w, "value")) if top == STACK_ARR else (MSEP, (w, "key"))]
+            if len(w) == window - 1:  # a closing bracket may have left the window one short: refills
+                moves += [(("mark", 2 + k), after((k,) + w)) for k in (STACK_ARR, STACK_OBJ)]
+        elif pos == "key":
+            moves = [(KEY, (w, "value"))]
+        for symbol, target in moves:
+            row[col[symbol]] = to(target)
+    class_of = np.zeros(N_BYTES + len(specials), np.int32)
+    for b in symbols:
+        class_of[b] = col[b]
+    for code in range(4):
+        class_of[N_BYTES + specials.index(_MARK_STACK_BASE - 4 * window - code)] = col[("mark", code)]
+    accepting = np.zeros(len(rows), bool)
+    accepting[ids[((), "done")]] = True
+    skeleton = Dfa(np.array(rows, np.int32), accepting, class_of, specials, 0)
+    return substitute(skeleton, {SCALAR: scalar, KEY: key, ISEP: item_sep, MSEP: member_sep})
 
 
 _EMPTY_LANGUAGE = None

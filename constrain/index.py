@@ -13,7 +13,7 @@ import numpy as np
 
 from constrain import native as _native
 from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters,
-                                 counter_tick_bytes, walk_counted)
+                                 counter_tick_bytes, walk_counted, walk_stacked)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -321,6 +321,26 @@ class TokenIndex:
             self._eff_flat = effect
             self._eff_view = memoryview(effect)
             self._limits = counters.limits
+        # Deep values (`fa.nested_values`): the cursor keeps the container kinds spilled past the automaton's window;
+        # a mask is its state's row but for the tokens with at least `window` closing brackets, walked with the stack
+        # (`_stack_row`).
+        self._stacked = counters is not None and counters.refill is not None
+        if self._stacked:
+            spill = np.concatenate([counters.spill, np.zeros((1, n_classes), np.int8)]).ravel()
+            self._spill_view = memoryview(spill)
+            self._refill_view = memoryview(np.ascontiguousarray(counters.refill.ravel()))
+            closers = [(t, data.count(b"]") + data.count(b"}")) for t, data in enumerate(vocab.token_bytes)
+                       if data and t not in self._non_byte]
+            self._deep = [(t, vocab.token_bytes[t]) for t, n in closers if n >= counters.window]
+            # a token takes at most one kind off the stack per closing bracket: the mask depends on that many
+            self._deep_reach = max((n for _, n in closers if n >= counters.window), default=0)
+            # near the end of a token budget, every token with a bracket is walked with the stack (spills and
+            # refills change how many containers are left to close)
+            self._bracketed = [(t, vocab.token_bytes[t]) for t, _ in closers
+                               if any(b in vocab.token_bytes[t] for b in (b"[", b"]", b"{", b"}"))]
+            self._most_opened = max((data.count(b"[") + data.count(b"{") for _, data in self._bracketed), default=0)
+            self._deep_longest = max((len(data) for _, data in self._bracketed), default=0)
+            self._stack_rows: dict[tuple, int] = {}
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:
@@ -584,6 +604,38 @@ class TokenIndex:
         mask = base & np.packbits(ok, bitorder="little").view(np.int32)
         with self._lock:
             row = self._counted_rows[key] = self._insert_row(mask)
+        return row
+
+    def _stack_row(self, base: int, state: int, stack: tuple[int, ...], count: int, limit: int, budget: int | None) -> int:
+        """The row of a cursor at `state` with `stack` (and its counter at `count`/`limit`): the row `base` (the
+        state's mask under what the stack leaves of the budget) with each deep token's bit replaced by an exact walk."""
+        room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
+        tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
+        tokens = self._bracketed if tight else self._deep
+        key = (base, state, stack[-self._deep_reach:] if not tight else stack, room,
+               None if budget is None else (budget, len(stack)))
+        row = self._stack_rows.get(key)
+        if row is not None:
+            return row
+        words = self._row_words(base)
+        mask = np.array(words, dtype=np.int32, copy=True)
+        bits = mask.view(np.uint32)
+        need = self._need_ticks() if limit >= 0 else None
+        table = self._min_tokens_list or self._budget_tables()[1] if budget is not None else None
+        for t, data in tokens:
+            left = list(stack)
+            s, c, lim, at = walk_stacked(self._tr_view, self._n_classes, self._cls_list, self._eff_view, self._limits,
+                                         self._spill_view, self._refill_view, state, data, 0 if room >= 0 else count,
+                                         room if room >= 0 else limit, left)
+            ok = at < 0 and not (need is not None and 0 <= lim == c and need[s])
+            if ok and budget is not None:
+                ok = table[s] + len(left) <= budget - 1
+            if ok:
+                bits[t >> 5] |= np.uint32(1 << (t & 31))
+            else:
+                bits[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        with self._lock:
+            row = self._stack_rows[key] = base if np.array_equal(mask, words) else self._insert_row(mask)
         return row
 
     def _finished_mask(self) -> np.ndarray:
@@ -1083,15 +1135,18 @@ class TokenState:
     """
 
     # `_count`/`_limit`: inside a counted string (`fa.counted_chars`), the characters written and the bound; limit -1
-    # outside one.
-    __slots__ = ("_index", "_state", "_finished", "_count", "_limit")
+    # outside one. `_stack`: the container kinds a deep value spilled past the automaton's window (`fa.nested_values`),
+    # innermost last.
+    __slots__ = ("_index", "_state", "_finished", "_count", "_limit", "_stack")
 
-    def __init__(self, index: TokenIndex, state: int, finished: bool = False, count: int = 0, limit: int = -1):
+    def __init__(self, index: TokenIndex, state: int, finished: bool = False, count: int = 0, limit: int = -1,
+                 stack: tuple[int, ...] = ()):
         self._index = index
         self._state = state
         self._finished = finished
         self._count = count
         self._limit = limit
+        self._stack = stack
 
     @property
     def index(self) -> TokenIndex:
@@ -1114,9 +1169,29 @@ class TokenState:
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
+        if idx._stacked and not self._finished:
+            return self._stack_row(budget)
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._counted_row(self._state, self._limit - self._count, budget)
         return idx.row_for_state(idx._n_states if self._finished else self._state, budget)
+
+    def _stack_row(self, budget: int | None) -> int:
+        """`mask_row` of a cursor over deep values: the budget less one token per spilled container (each still
+        needs its closing bracket), deep tokens walked with the stack."""
+        idx = self._index
+        left = None if budget is None else max(budget - len(self._stack), 0)
+        if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
+            base = idx._counted_row(self._state, self._limit - self._count, left)
+        else:
+            base = idx.row_for_state(self._state, left)
+        row = idx._stack_row(base, self._state, self._stack, self._count, self._limit, budget)
+        if budget is not None and not idx._acc_list[self._state] and not idx._row_words(row).any():
+            # The estimate ran out before the value could close: `min_tokens` is the automaton's, whose walk of a
+            # token that opens past the window and closes back forgets the spilled kind (a shortcut the cursor, which
+            # refills it, cannot take), and a refilled window may cost more to close than the one it replaced.
+            # Continue under the least larger budget that leaves a token: the output may overrun its budget.
+            return self._stack_row(budget + 1)
+        return row
 
     def mask(self, budget: int | None = None) -> np.ndarray:
         """The packed mask of allowed next tokens: read-only int32 [n_words], bit `t % 32` of word `t // 32`.
@@ -1131,6 +1206,8 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
+        if idx._stacked and not self._finished:
+            return idx._row_words(self._stack_row(budget))
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
         if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
@@ -1148,7 +1225,7 @@ class TokenState:
 
     def fork(self) -> TokenState:
         """An independent copy at the same position (for beams and speculative branches)."""
-        return TokenState(self._index, self._state, self._finished, self._count, self._limit)
+        return TokenState(self._index, self._state, self._finished, self._count, self._limit, self._stack)
 
     __copy__ = fork
 
@@ -1200,18 +1277,27 @@ class TokenState:
         if not data:
             self._violation(t, "a token without bytes (an unused slot)")
         cl = idx._cls_list
-        if idx._counters is not None:
+        stack = self._stack
+        if idx._stacked:
+            s, count, limit, stack = self._stacked_walk(t, data, s)
+        elif idx._counters is not None:
             s, count, limit = self._counted_walk(t, data, s)
         else:
             for b in data:
                 s = tr[s * k + cl[b]]
                 if s < 0:
                     self._violation(t, f"the automaton dies on byte {b:#04x}")
-        if budget is not None and not self._fits(s, budget):
+        if budget is not None and idx._stacked:
+            words = self.mask(budget)  # (deep values: the budgeted mask is the rule, see `_stack_row`)
+            if not (int(words[t >> 5]) >> (t & 31)) & 1:
+                self._violation(t, f"its completion does not fit a budget of {budget} tokens (this one included) with "
+                                   f"{len(self._stack)} spilled containers to close")
+        elif budget is not None and not self._fits(s, budget):
             self._over_budget(t, s, budget)
         self._state = s
         if idx._counters is not None:
             self._count, self._limit = count, limit
+            self._stack = stack
 
     def _counted_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int]:
         """The byte walk of `advance` counting characters of counted strings: `(state, count, limit)` after `data`."""
@@ -1225,6 +1311,20 @@ class TokenState:
         if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
         return s, count, limit
+
+    def _stacked_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int, tuple[int, ...]]:
+        """`_counted_walk` keeping the stack of deep values too: `(state, count, limit, stack)` after `data`."""
+        idx = self._index
+        stack = list(self._stack)
+        s, count, limit, at = walk_stacked(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits,
+                                           idx._spill_view, idx._refill_view, s, data, self._count, self._limit, stack)
+        if at >= 0:
+            if 0 <= limit < count:
+                self._violation(t, f"the text passes its counted bound of {limit} (maxLength characters or maxItems commas)")
+            self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
+        if limit >= 0 and count == limit and idx._need_ticks()[s]:
+            self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
+        return s, count, limit, tuple(stack)
 
     def _fits(self, state: int, budget: int) -> bool:
         idx = self._index

@@ -24,6 +24,10 @@ from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
 from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, JsonSyntax, Whitespace, dump_json
 
 DEFAULT_MAX_DEPTH = 3
+# A free-form value in plain JSON nests to any depth: its innermost FREE_FORM_WINDOW container kinds are automaton
+# states, deeper ones ride on the cursor's stack (`fa.nested_values`; 637 states, as many as nesting at most 3 deep).
+# Tokens with this many closing brackets or more are walked with the stack at each step (3 to 24 per vocabulary).
+FREE_FORM_WINDOW = 3
 # A string whose maxLength leaves at least this many characters beyond minLength is counted beside the automaton
 # (`fa.counted_chars`) instead of unrolled: more than any token of the supported vocabularies spells (128 bytes at
 # most), so one token never crosses a fresh bound (`TokenIndex` checks), and ~4 states a character fewer (a plain
@@ -1338,9 +1342,10 @@ class _Compiler:
         return self.point(fa.union(*(self.literal_value(v) for v in kept)), join_pointer(pointer, "enum" if "enum" in schema else "const"))
 
     def any_value(self, depth: int) -> fa.Expr:
-        """Any JSON value in this syntax, arrays and objects nested at most `depth` levels."""
+        """Any JSON value in this syntax: in plain JSON where the cursor may keep a stack (`may_count`, no key
+        ranking), nested to any depth; else arrays and objects nested at most `depth` levels."""
         syntax = self.syntax
-        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank))
+        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank), self.may_count())
         hit = self._any_cache.get(cache_key)
         if hit is not None:
             return hit
@@ -1349,11 +1354,21 @@ class _Compiler:
         # Plain JSON without a key ranking is the same language in every schema: compiled once per process, like
         # `_any_string` (a schema with one free-form object property: 50 -> 23 ms). With a key ranking (under oneOf)
         # the language depends on the schema, and it is compiled per schema.
+        values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
+        if self.may_count() and self.key_rank is None:  # any depth: the deepest kinds on the cursor's stack
+            shared_key = ("nested", syntax.whitespace, self.opts.max_states)
+            if shared_key in _ANY_VALUE:
+                self._any_cache[cache_key] = _ANY_VALUE[shared_key]
+                return _ANY_VALUE[shared_key]
+            member_key = fa.concat(syntax.extra_key(ANY_TEXT), syntax.colon)
+            nested = fa.nested_values(FREE_FORM_WINDOW, fa.union(*values), member_key, syntax.item_sep, syntax.member_sep)
+            expr = fa.compile(nested, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers)
+            self._any_cache[cache_key] = _ANY_VALUE[shared_key] = expr
+            return expr
         shared_key = (syntax.whitespace, depth, self.opts.max_states) if type(syntax) is JsonSyntax and self.key_rank is None else None
         if shared_key is not None and shared_key in _ANY_VALUE:
             self._any_cache[cache_key] = _ANY_VALUE[shared_key]
             return _ANY_VALUE[shared_key]
-        values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
         if depth > 0:
             inner_compiler = self.nested(syntax.child())
             inner = inner_compiler.any_value(depth - 1)

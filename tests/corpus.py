@@ -679,8 +679,10 @@ class Walker:
         from constrain import automaton as fa
 
         # counted strings' markers folded away: their bounds (2,048+ characters) lie past what `soft_len` lets a
-        # string reach
-        dfa = fa.contract_counters(dfa)[0]
+        # string reach; deep values' stack kept (`fa.nested_values`)
+        dfa, counters = fa.contract_counters(dfa)
+        self.spill = None if counters is None or counters.spill is None else counters.spill.tolist()
+        self.refill = None if self.spill is None else counters.refill.tolist()
         self.dfa = dfa
         self.rows = dfa.rows()
         self.p_stop = p_stop
@@ -691,7 +693,7 @@ class Walker:
             self.bytes_of.setdefault(int(dfa.class_of[b]), []).append(b)
 
     def walk(self, rng: random.Random) -> bytes:
-        state, out = self.dfa.start, bytearray()
+        state, out, stack = self.dfa.start, bytearray(), []
         while True:
             row = self.rows[state]
             live = [(cls, t) for cls, bs in self.bytes_of.items() if (t := row[cls]) >= 0]
@@ -700,8 +702,14 @@ class Walker:
             if len(out) >= self.soft_len:
                 best = min(self.dist[t] for _, t in live)
                 live = [(c, t) for c, t in live if self.dist[t] == best]
-            cls, state = rng.choice(live)
+            cls, nxt = rng.choice(live)
             out.append(rng.choice(self.bytes_of[cls]))
+            if self.spill is not None:
+                if self.spill[state][cls]:
+                    stack.append(self.spill[state][cls] - 1)
+                elif stack and self.refill[nxt][0] >= 0:
+                    nxt = self.refill[nxt][stack.pop()]
+            state = nxt
 
 
 def walk_violations(schema: Any, dfa: Any, n: int, seed: int = 0, draft: str | None = None) -> list[str]:
