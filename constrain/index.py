@@ -184,6 +184,12 @@ class TokenIndex:
     a lazy index builds it on the first budget or `min_tokens` call. A budgeted mask equals the unbudgeted one, and is
     the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
 
+    Deep values (`fa.nested_values`): a cursor keeps the container kinds spilled past the automaton's window. Its
+    mask is its state's row except for the tokens with at least `window` closing brackets, walked with the stack
+    (exact). Under a budget it counts one more token per spilled kind on top of `min_tokens`: an estimate there, not
+    the guarantee above, and a budgeted mask that would be empty before acceptance takes the least larger budget that
+    leaves a token (docs/guarantees.md).
+
     The index is immutable from the outside and safe to share across threads and requests; rows are filled on first
     use (idempotently; with the numpy walks a state's first use also fills up to 32 states two tokens ahead) and
     deduplicated, so equal masks share one row of `mask_table()`. With the C walk, every structural state's row is
@@ -1136,17 +1142,18 @@ class TokenState:
 
     # `_count`/`_limit`: inside a counted string (`fa.counted_chars`), the characters written and the bound; limit -1
     # outside one. `_stack`: the container kinds a deep value spilled past the automaton's window (`fa.nested_values`),
-    # innermost last.
-    __slots__ = ("_index", "_state", "_finished", "_count", "_limit", "_stack")
+    # innermost last; `_overrun`: a budgeted mask over deep values took a larger budget once (`_stack_row`).
+    __slots__ = ("_index", "_state", "_finished", "_count", "_limit", "_stack", "_overrun")
 
     def __init__(self, index: TokenIndex, state: int, finished: bool = False, count: int = 0, limit: int = -1,
-                 stack: tuple[int, ...] = ()):
+                 stack: tuple[int, ...] = (), overrun: bool = False):
         self._index = index
         self._state = state
         self._finished = finished
         self._count = count
         self._limit = limit
         self._stack = stack
+        self._overrun = overrun
 
     @property
     def index(self) -> TokenIndex:
@@ -1185,11 +1192,15 @@ class TokenState:
         else:
             base = idx.row_for_state(self._state, left)
         row = idx._stack_row(base, self._state, self._stack, self._count, self._limit, budget)
-        if budget is not None and not idx._acc_list[self._state] and not idx._row_words(row).any():
+        if (budget is not None and not idx._acc_list[self._state] and not idx._row_words(row).any()
+                and (self._stack or self._overrun or (idx._min_tokens_list or idx._budget_tables()[1])[self._state] <= budget)):
+            self._overrun = True
             # The estimate ran out before the value could close: `min_tokens` is the automaton's, whose walk of a
             # token that opens past the window and closes back forgets the spilled kind (a shortcut the cursor, which
             # refills it, cannot take), and a refilled window may cost more to close than the one it replaced.
-            # Continue under the least larger budget that leaves a token: the output may overrun its budget.
+            # Continue under the least larger budget that leaves a token: the output may overrun its budget, and the
+            # cursor remembers it did. (A budget below the automaton's own `min_tokens`, with nothing spilled and no
+            # overrun before, keeps its empty mask, as without a stack.)
             return self._stack_row(budget + 1)
         return row
 
@@ -1225,7 +1236,7 @@ class TokenState:
 
     def fork(self) -> TokenState:
         """An independent copy at the same position (for beams and speculative branches)."""
-        return TokenState(self._index, self._state, self._finished, self._count, self._limit, self._stack)
+        return TokenState(self._index, self._state, self._finished, self._count, self._limit, self._stack, self._overrun)
 
     __copy__ = fork
 

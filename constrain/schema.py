@@ -209,20 +209,31 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     if opts.strict:
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)
-    # Long maxLengths counted beside the automaton where they can be; where two meet in a product, or one lies beside
-    # an alternative that starts alike (the markers cannot be folded), the schema is compiled again without, within
-    # the same time budget.
+    # Long maxLengths counted and free-form values nested on a stack beside the automaton where they can be; where two
+    # meet in a product, or one lies beside an alternative that starts alike (the markers cannot be folded), the
+    # schema is compiled again within the same time budget: free-form values nested at most max_depth (if it made
+    # any; also when it is over the state budget with them), then without counters either.
     deadline = time.monotonic() + opts.timeout_s
-    try:
-        compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=True)
-    except fa.CountedProduct:
-        compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
-    else:
-        if fa.has_counters(dfa):
+    made: list[_Compiler] = []
+    for counters, stack in ((True, True), (True, False), (False, False)):
+        if stack is False and counters and not (made and made[-1].stacked[0]):
+            continue  # (no free-form value was nested on the stack: the same compile again)
+        try:
+            compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=counters, stack=stack, made=made)
+        except fa.CountedProduct:
+            continue
+        except fa.BudgetExceeded:
+            # over the state budget with deep values, try without: Github_hard o61026 and o82151 determinise a
+            # union of members past 100k states with them, 21k without (cause not analysed)
+            if stack and made[-1].stacked[0] and time.monotonic() < deadline:
+                continue
+            raise
+        if counters and fa.has_counters(dfa):
             try:
                 fa.contract_counters(dfa)
             except UnsupportedSchema:
-                compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=False)
+                continue
+        break
     if dfa.is_empty:
         universe = (
             "; under 'not', 'if' and 'maxContains' an object takes at most one key the schema does not name, and"
@@ -237,12 +248,16 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
 
 
 def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, deadline: float, *,
-                  counters: bool) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
+                  counters: bool, stack: bool = False, made: list | None = None) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
     """The compiler and DFA of `schema`, by `deadline` (`time.monotonic()`); `counters`: long `maxLength`s counted
-    beside the automaton where they can be (see `_Compiler.string`)."""
+    beside the automaton where they can be (see `_Compiler.string`); `stack` (with counters): free-form values nested
+    to any depth (`any_value`). The compiler is also appended to `made`."""
     compiler = _Compiler(schema, opts, pointer)
     compiler.deadline = deadline
     compiler.counters = counters
+    compiler.stack = counters and stack
+    if made is not None:
+        made.append(compiler)
     expr = compiler.value(schema, pointer, ())
     parts: list[tuple[int, str]] = []
     dfa = fa.compile(expr, max_states=opts.max_states, deadline=compiler.deadline, pointer=pointer, pointers=compiler.pointers, parts=parts)
@@ -601,8 +616,11 @@ class _Compiler:
         # than the universe of the complement nests (ref_limit).
         self.negations = 0
         self.ref_limit = opts.max_depth
-        # Strings with a long maxLength may be counted (`string`).
+        # Strings with a long maxLength may be counted (`string`); with `stack`, free-form values nest to any depth
+        # (`any_value`; `stacked[0]` once one does, shared by the nested compilers).
         self.counters = False
+        self.stack = False
+        self.stacked = [False]
         # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
         # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
         # a freed one's id could be given to another
@@ -1345,7 +1363,7 @@ class _Compiler:
         """Any JSON value in this syntax: in plain JSON where the cursor may keep a stack (`may_count`, no key
         ranking), nested to any depth; else arrays and objects nested at most `depth` levels."""
         syntax = self.syntax
-        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank), self.may_count())
+        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank), self.stack and self.may_count())
         hit = self._any_cache.get(cache_key)
         if hit is not None:
             return hit
@@ -1355,7 +1373,8 @@ class _Compiler:
         # `_any_string` (a schema with one free-form object property: 50 -> 23 ms). With a key ranking (under oneOf)
         # the language depends on the schema, and it is compiled per schema.
         values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
-        if self.may_count() and self.key_rank is None:  # any depth: the deepest kinds on the cursor's stack
+        if self.stack and self.may_count() and self.key_rank is None:  # any depth: the deepest kinds on a stack
+            self.stacked[0] = True
             shared_key = ("nested", syntax.whitespace, self.opts.max_states)
             if shared_key in _ANY_VALUE:
                 self._any_cache[cache_key] = _ANY_VALUE[shared_key]
