@@ -448,9 +448,9 @@ class Dfa(Expr):
             plain, counters = contract_counters(self)  # (cached on the automaton)
             if counters.refill is not None:
                 stack: list[int] = []
-                state = walk_stacked(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
-                                     memoryview(counters.effect.ravel()), counters.limits, memoryview(counters.spill.ravel()),
-                                     memoryview(counters.refill.ravel()), plain.start, data, 0, -1, stack)[0]
+                state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
+                                     memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1,
+                                     memoryview(counters.spill.ravel()), memoryview(counters.refill.ravel()), stack)[0]
                 return state >= 0 and not stack and bool(plain.accepting[state])
             state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
                                  memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1)[0]
@@ -564,12 +564,16 @@ class Counters:
 
 
 def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...], state: int, data: bytes,
-                 count: int, limit: int) -> tuple[int, int, int, int]:
+                 count: int, limit: int, spill=None, refill=None, stack: list[int] | None = None) -> tuple[int, int, int, int]:
     """`data` read from `state` of a contracted automaton, counting its counted strings: `table` and `effect` are its
     transitions and their effects flat (`state * n_classes + class`), `class_of` each byte's class; `count`/`limit`
     the count so far and the bound (-1: outside a counted string). Returns `(state, count, limit, at)`: `at` is the
     index of the byte where the walk died or passed a bound (then `state` is -1), else -1. Ending inside a character
-    that the bound leaves no room for is not checked here (`TokenIndex` knows which states are)."""
+    that the bound leaves no room for is not checked here (`TokenIndex` knows which states are).
+
+    With deep values (`nested_values`): `spill` (flat like `effect`) and `refill` (flat, `state * 2 + kind`) from
+    `Counters`; `stack` (the kinds spilled so far, innermost last) is updated in place, refills taken as soon as a
+    state offers them."""
     for at, byte in enumerate(data):
         x = state * n_classes + class_of[byte]
         state = table[x]
@@ -584,33 +588,12 @@ def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...
             limit = -1
         elif e:
             count, limit = 0, limits[e - EFFECT_OPEN]
-    return state, count, limit, -1
-
-
-def walk_stacked(table, n_classes: int, class_of, effect, limits: tuple[int, ...], spill, refill, state: int,
-                 data: bytes, count: int, limit: int, stack: list[int]) -> tuple[int, int, int, int]:
-    """`walk_counted` of an automaton with deep values (`nested_values`) as well: `spill` (flat like `effect`) and
-    `refill` (flat, `state * 2 + kind`) from `Counters`; `stack` (the kinds spilled so far, innermost last) is updated
-    in place, refills taken as soon as a state offers them."""
-    for at, byte in enumerate(data):
-        x = state * n_classes + class_of[byte]
-        state = table[x]
-        if state < 0:
-            return -1, count, limit, at
-        e = effect[x]
-        if e == EFFECT_TICK:
-            count += 1
-            if 0 <= limit < count:
-                return -1, count, limit, at
-        elif e == EFFECT_CLOSE:
-            limit = -1
-        elif e:
-            count, limit = 0, limits[e - EFFECT_OPEN]
-        k = spill[x]
-        if k:
-            stack.append(k - 1)
-        elif stack and refill[2 * state] >= 0:
-            state = refill[2 * state + stack.pop()]
+        if spill is not None:
+            k = spill[x]
+            if k:
+                stack.append(k - 1)
+            elif stack and refill[2 * state] >= 0:
+                state = refill[2 * state + stack.pop()]
     return state, count, limit, -1
 
 

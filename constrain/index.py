@@ -13,7 +13,7 @@ import numpy as np
 
 from constrain import native as _native
 from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters,
-                                 counter_tick_bytes, walk_counted, walk_stacked)
+                                 counter_tick_bytes, walk_counted)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -630,9 +630,9 @@ class TokenIndex:
         table = self._min_tokens_list or self._budget_tables()[1] if budget is not None else None
         for t, data in tokens:
             left = list(stack)
-            s, c, lim, at = walk_stacked(self._tr_view, self._n_classes, self._cls_list, self._eff_view, self._limits,
-                                         self._spill_view, self._refill_view, state, data, 0 if room >= 0 else count,
-                                         room if room >= 0 else limit, left)
+            s, c, lim, at = walk_counted(self._tr_view, self._n_classes, self._cls_list, self._eff_view, self._limits,
+                                         state, data, 0 if room >= 0 else count, room if room >= 0 else limit,
+                                         self._spill_view, self._refill_view, left)
             ok = at < 0 and not (need is not None and 0 <= lim == c and need[s])
             if ok and budget is not None:
                 ok = table[s] + len(left) <= budget - 1
@@ -1289,10 +1289,8 @@ class TokenState:
             self._violation(t, "a token without bytes (an unused slot)")
         cl = idx._cls_list
         stack = self._stack
-        if idx._stacked:
-            s, count, limit, stack = self._stacked_walk(t, data, s)
-        elif idx._counters is not None:
-            s, count, limit = self._counted_walk(t, data, s)
+        if idx._counters is not None:
+            s, count, limit, stack = self._counted_walk(t, data, s)
         else:
             for b in data:
                 s = tr[s * k + cl[b]]
@@ -1310,32 +1308,21 @@ class TokenState:
             self._count, self._limit = count, limit
             self._stack = stack
 
-    def _counted_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int]:
-        """The byte walk of `advance` counting characters of counted strings: `(state, count, limit)` after `data`."""
+    def _counted_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int, tuple[int, ...]]:
+        """The byte walk of `advance` counting characters of counted strings and keeping deep values' stack:
+        `(state, count, limit, stack)` after `data`."""
         idx = self._index
+        stack = list(self._stack) if idx._stacked else None
         s, count, limit, at = walk_counted(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits, s,
-                                           data, self._count, self._limit)
+                                           data, self._count, self._limit, idx._spill_view if idx._stacked else None,
+                                           idx._refill_view if idx._stacked else None, stack)
         if at >= 0:
             if 0 <= limit < count:
                 self._violation(t, f"the text passes its counted bound of {limit} (maxLength characters or maxItems commas)")
             self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
         if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
-        return s, count, limit
-
-    def _stacked_walk(self, t: int, data: bytes, s: int) -> tuple[int, int, int, tuple[int, ...]]:
-        """`_counted_walk` keeping the stack of deep values too: `(state, count, limit, stack)` after `data`."""
-        idx = self._index
-        stack = list(self._stack)
-        s, count, limit, at = walk_stacked(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits,
-                                           idx._spill_view, idx._refill_view, s, data, self._count, self._limit, stack)
-        if at >= 0:
-            if 0 <= limit < count:
-                self._violation(t, f"the text passes its counted bound of {limit} (maxLength characters or maxItems commas)")
-            self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
-        if limit >= 0 and count == limit and idx._need_ticks()[s]:
-            self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")
-        return s, count, limit, tuple(stack)
+        return s, count, limit, self._stack if stack is None else tuple(stack)
 
     def _fits(self, state: int, budget: int) -> bool:
         idx = self._index
