@@ -214,3 +214,27 @@ def test_budgeted_walks_over_deep_values_end_valid(llama3_vocab):
         ended += depth_of(value["a"]) > FREE_FORM_WINDOW
         within += len(ids) <= budget
     assert ended >= 10 and within >= 34
+
+
+def test_where_two_deep_values_meet_in_a_product_they_nest_at_most_max_depth():
+    # `oneOf` subtracts the overlap of its branches: two stacks cannot be lined up, so the schema is compiled again
+    # with free-form values bounded by max_depth, long strings still counted
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 600},
+                                               "v": {"oneOf": [{"type": "array"}, {"type": "array", "maxItems": 3}]}}}
+    dfa = compile_schema(schema).dfa
+    counters = fa.contract_counters(dfa)[1]
+    assert counters is not None and counters.limits == (600,) and counters.refill is None
+    assert dfa.matches(b'{"v":[1,2,3,4,[[[1]]]]}') and not dfa.matches(b'{"v":[1,2,3,4,[[[[1]]]]]}')
+    assert not dfa.matches(b'{"v":[1,2]}')  # in both branches
+
+
+def test_over_the_state_budget_with_the_stack_compiles_without():
+    import corpus  # (tests/corpus.py: the shared JSONSchemaBench files)
+
+    case = next(c for c in corpus.jsonschemabench() if c.id == "Github_hard---o82151")
+    options = dict(corpus.OPTIONS)
+    with pytest.raises(fa.BudgetExceeded):
+        _compile_with(case.schema, SchemaOptions(**options), "", time.monotonic() + 30, counters=True, stack=True)
+    dfa = compile_schema(case.schema, **options).dfa
+    counters = fa.contract_counters(dfa)[1]
+    assert dfa.n_states < 25_000 and counters is not None and counters.refill is None and counters.limits
