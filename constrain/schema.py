@@ -21,7 +21,7 @@ import numpy as np
 from constrain import automaton as fa
 from constrain import native as _native
 from constrain.errors import InvalidSchema, UnsupportedSchema, join_pointer
-from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, JsonSyntax, Whitespace, dump_json
+from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, Gemma4Syntax, JsonSyntax, Whitespace, dump_json
 
 DEFAULT_MAX_DEPTH = 3
 # A free-form value in plain JSON nests to any depth: its innermost FREE_FORM_WINDOW container kinds are automaton
@@ -1360,10 +1360,10 @@ class _Compiler:
         return self.point(fa.union(*(self.literal_value(v) for v in kept)), join_pointer(pointer, "enum" if "enum" in schema else "const"))
 
     def any_value(self, depth: int) -> fa.Expr:
-        """Any JSON value in this syntax: in plain JSON where the cursor may keep a stack (`may_count`, no key
-        ranking), nested to any depth; else arrays and objects nested at most `depth` levels."""
+        """Any JSON value in this syntax: nested to any depth where the cursor may keep a stack (`may_stack`); else
+        arrays and objects nested at most `depth` levels."""
         syntax = self.syntax
-        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank), self.stack and self.may_count())
+        cache_key = (syntax.name, syntax.whitespace, depth, id(self.key_rank), self.may_stack())
         hit = self._any_cache.get(cache_key)
         if hit is not None:
             return hit
@@ -1373,16 +1373,19 @@ class _Compiler:
         # `_any_string` (a schema with one free-form object property: 50 -> 23 ms). With a key ranking (under oneOf)
         # the language depends on the schema, and it is compiled per schema.
         values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
-        if self.stack and self.may_count() and self.key_rank is None:  # any depth: the deepest kinds on a stack
+        if self.may_stack():  # any depth: the deepest kinds on a stack
             self.stacked[0] = True
-            shared_key = ("nested", syntax.whitespace, self.opts.max_states)
+            # (plain JSON: compiled once per process; Gemma 4 names its vocabulary's quote token, once per compile)
+            shared_key = ("nested", syntax.whitespace, self.opts.max_states) if type(syntax) is JsonSyntax else None
             if shared_key in _ANY_VALUE:
                 self._any_cache[cache_key] = _ANY_VALUE[shared_key]
                 return _ANY_VALUE[shared_key]
             member_key = fa.concat(syntax.extra_key(ANY_TEXT), syntax.colon)
             nested = fa.nested_values(FREE_FORM_WINDOW, fa.union(*values), member_key, syntax.item_sep, syntax.member_sep)
             expr = fa.compile(nested, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers)
-            self._any_cache[cache_key] = _ANY_VALUE[shared_key] = expr
+            self._any_cache[cache_key] = expr
+            if shared_key is not None:
+                _ANY_VALUE[shared_key] = expr
             return expr
         shared_key = (syntax.whitespace, depth, self.opts.max_states) if type(syntax) is JsonSyntax and self.key_rank is None else None
         if shared_key is not None and shared_key in _ANY_VALUE:
@@ -1472,6 +1475,12 @@ class _Compiler:
         if lo == 0:
             body = fa.optional(body)
         return fa.concat(self.syntax.arr_open, body, self.syntax.arr_close)
+
+    def may_stack(self) -> bool:
+        """Whether a free-form value here may nest to any depth on the cursor's stack (`fa.nested_values`): with the
+        stack on, outside `not` and key rankings, in plain JSON or Gemma 4 arguments (the same brackets at every
+        level; Qwen XML writes its top level differently)."""
+        return self.stack and not self.negations and self.key_rank is None and type(self.syntax) in (JsonSyntax, Gemma4Syntax)
 
     def may_count(self) -> bool:
         """Whether a long bound here may be counted beside the automaton: in plain JSON, outside `not` (a

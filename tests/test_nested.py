@@ -238,3 +238,44 @@ def test_over_the_state_budget_with_the_stack_compiles_without():
     dfa = compile_schema(case.schema, **options).dfa
     counters = fa.contract_counters(dfa)[1]
     assert dfa.n_states < 25_000 and counters is not None and counters.refill is None and counters.limits
+
+
+def test_gemma4_arguments_nest_to_any_depth(gemma4_vocab):
+    from constrain.parse import _gemma4_value
+    from constrain.syntax import Gemma4Syntax
+
+    vocab, quote = gemma4_vocab, 52  # `<|"|>`, Gemma 4's string quote token
+    assert vocab.token_bytes[quote] == b'<|"|>' and quote in vocab.special_ids
+    dfa = compile_schema({"type": "object", "properties": {"a": {}}}, syntax=Gemma4Syntax(quote)).dfa
+    index = TokenIndex(dfa, vocab)
+    assert index._stacked
+    state = index.start()
+    for piece in ["{a:[[[[{b:", quote, "x]}", quote, ",c:None}]]]]}"]:
+        for t in [piece] if isinstance(piece, int) else single_byte_ids(vocab, piece):
+            state.advance(t)
+    assert state.is_accepting()
+    with pytest.raises(MaskViolation):  # an object where the stack says array
+        state = index.start()
+        for t in single_byte_ids(vocab, "{a:[[[[[1]]]]}"):
+            state.advance(t)
+    rng = random.Random(5)
+    brackets = [t for t, b in enumerate(vocab.token_bytes) if b in (b"[", b"{", b"[[", b"],[")]
+    deepest = ended = 0
+    for _ in range(8):
+        state, ids = index.start(), single_byte_ids(vocab, "{a:")
+        for t in ids:
+            state.advance(t)
+        while len(ids) < 60 and not (state.is_accepting() and rng.random() < 0.3):
+            allowed = state.allowed_token_ids()
+            allowed = allowed[~np.isin(allowed, vocab.eos_ids)]
+            if not len(allowed):
+                break
+            pool = np.intersect1d(allowed, brackets) if len(ids) < 40 else []
+            tok = int(rng.choice(pool) if len(pool) and rng.random() < 0.7 else rng.choice(allowed))
+            state.advance(tok)
+            ids.append(tok)
+            deepest = max(deepest, len(state._stack))
+        if state.is_accepting():
+            _gemma4_value(b"".join(vocab.token_bytes[t] for t in ids).decode(), '<|"|>')  # parses
+            ended += 1
+    assert deepest >= 2 and ended >= 1
