@@ -125,6 +125,33 @@ def _most_in_a_token(trie: _Trie, byte_set: np.ndarray) -> int:
     return most
 
 
+_BRACKETS: "weakref.WeakKeyDictionary[_Trie, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def _brackets(vocab: Any, trie: _Trie) -> tuple[np.ndarray, np.ndarray]:
+    """Per token id, how many closing (`]`, `}`) and opening (`[`, `{`) bracket bytes it spells (int64 [n_tokens];
+    0 for special, EOS and empty tokens), counted once per vocabulary."""
+    with _REFERENCES_LOCK:
+        hit = _BRACKETS.get(trie)
+    if hit is not None:
+        return hit
+    ds = trie.depth_start
+    out = []
+    for byte_set in (b"]}", b"[{"):
+        hit = np.isin(trie.node_byte, np.frombuffer(byte_set, np.uint8)).astype(np.int64)
+        count = np.zeros(trie.n_nodes, np.int64)
+        for d in range(trie.max_depth):  # nodes by depth: a node's count is its parent's plus its own byte
+            lo, hi = ds[d], ds[d + 1]
+            count[lo:hi] = hit[lo:hi] + (count[ds[d - 1] + trie.parent_local[lo:hi]] if d else 0)
+        per_token = np.zeros(int(vocab.n_tokens), np.int64)  # (the trie holds byte tokens only)
+        per_token[trie.term_tokens] = count[trie.term_node]
+        out.append(per_token)
+    closers, openers = out
+    with _REFERENCES_LOCK:
+        _BRACKETS[trie] = (closers, openers)
+    return closers, openers
+
+
 def prepare(vocab: Any) -> None:
     """The per-vocabulary preprocessing the first index on `vocab` would otherwise do: the token trie and the
     reference masks."""
@@ -335,18 +362,21 @@ class TokenIndex:
             spill = np.concatenate([counters.spill, np.zeros((1, n_classes), np.int8)]).ravel()
             self._spill_view = memoryview(spill)
             self._refill_view = memoryview(np.ascontiguousarray(counters.refill.ravel()))
-            closers = [(t, data.count(b"]") + data.count(b"}")) for t, data in enumerate(vocab.token_bytes)
-                       if data and t not in self._non_byte]
-            self._deep = [(t, vocab.token_bytes[t]) for t, n in closers if n >= counters.window]
+            closers, openers = _brackets(vocab, trie)
+            bracketed = np.flatnonzero(closers + openers).tolist()
+            deep = np.flatnonzero(closers >= counters.window).tolist()
+            self._deep = [(t, vocab.token_bytes[t]) for t in deep]
             # a token takes at most one kind off the stack per closing bracket: the mask depends on that many
-            self._deep_reach = max((n for _, n in closers if n >= counters.window), default=0)
+            self._deep_reach = int(closers[deep].max()) if deep else 0
             # near the end of a token budget, every token with a bracket is walked with the stack (spills and
             # refills change how many containers are left to close)
-            self._bracketed = [(t, vocab.token_bytes[t]) for t, _ in closers
-                               if any(b in vocab.token_bytes[t] for b in (b"[", b"]", b"{", b"}"))]
-            self._most_opened = max((data.count(b"[") + data.count(b"{") for _, data in self._bracketed), default=0)
+            self._bracketed = [(t, vocab.token_bytes[t]) for t in bracketed]
+            self._most_opened = int(openers.max(initial=0))
             self._deep_longest = max((len(data) for _, data in self._bracketed), default=0)
             self._stack_rows: dict[tuple, int] = {}
+            # per state: with nothing spilled, no counter and no budget, every deep token's bit is the row's (the
+            # cursor then takes the plain row without building a key)
+            self._calm: list[bool] = [False] * n_states
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:
@@ -640,8 +670,11 @@ class TokenIndex:
                 bits[t >> 5] |= np.uint32(1 << (t & 31))
             else:
                 bits[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+        same = np.array_equal(mask, words)
         with self._lock:
-            row = self._stack_rows[key] = base if np.array_equal(mask, words) else self._insert_row(mask)
+            row = self._stack_rows[key] = base if same else self._insert_row(mask)
+        if same and not stack and limit < 0 and budget is None:
+            self._calm[state] = True
         return row
 
     def _finished_mask(self) -> np.ndarray:
@@ -1176,7 +1209,8 @@ class TokenState:
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
-        if idx._stacked and not self._finished:
+        if idx._stacked and not self._finished and (self._stack or budget is not None or self._limit >= 0
+                                                     or not idx._calm[self._state]):
             return self._stack_row(budget)
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._counted_row(self._state, self._limit - self._count, budget)
@@ -1217,7 +1251,8 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
-        if idx._stacked and not self._finished:
+        if idx._stacked and not self._finished and (self._stack or budget is not None or self._limit >= 0
+                                                     or not idx._calm[s]):
             return idx._row_words(self._stack_row(budget))
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
