@@ -185,7 +185,9 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         pointer: JSON Pointer of `schema` inside the request (prefixed to every error pointer).
         strict: OpenAI strict mode: the schema must be in the strict subset; output compact.
         whitespace: "flexible" (an optional single space after `,` and `:`) or "compact" (none).
-        max_depth: how deep recursive `$ref`s are unrolled and free-form values (no `type`) nest.
+        max_depth: how deep recursive `$ref`s are unrolled, and how deep free-form values (no `type`) nest where
+            they cannot nest to any depth on the cursor's stack (`_Compiler.any_value`: under `not`, below a key
+            ranking, in a product, in Qwen XML arguments).
         max_states: state budget of every intermediate automaton.
         timeout_s: compile-time budget.
         closed_objects: an object that declares `properties` but says nothing of `additionalProperties` takes no
