@@ -648,7 +648,7 @@ class TokenIndex:
         room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
         tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
         tokens = self._bracketed if tight else self._deep
-        key = (base, state, stack[-self._deep_reach:] if not tight else stack, room,
+        key = (base, state, stack[max(len(stack) - self._deep_reach, 0):] if not tight else stack, room,
                None if budget is None else (budget, len(stack)))
         row = self._stack_rows.get(key)
         if row is not None:
