@@ -446,15 +446,13 @@ class Dfa(Expr):
             return False
         if has_counters(self):
             plain, counters = contract_counters(self)  # (cached on the automaton)
-            if counters.refill is not None:
-                stack: list[int] = []
-                state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
-                                     memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1,
-                                     memoryview(counters.spill.ravel()), memoryview(counters.refill.ravel()), stack)[0]
-                return state >= 0 and not stack and bool(plain.accepting[state])
+            stacked = counters.refill is not None
+            stack: list[int] = []
             state = walk_counted(memoryview(plain.transitions.ravel()), plain.n_classes, plain.class_of[:N_BYTES].tolist(),
-                                 memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1)[0]
-            return state >= 0 and bool(plain.accepting[state])
+                                 memoryview(counters.effect.ravel()), counters.limits, plain.start, data, 0, -1,
+                                 memoryview(counters.spill.ravel()) if stacked else None,
+                                 memoryview(counters.refill.ravel()) if stacked else None, stack)[0]
+            return state >= 0 and not stack and bool(plain.accepting[state])
         state = self.step(self.start, data)
         return state >= 0 and bool(self.accepting[state])
 
@@ -616,27 +614,25 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     n = trans.shape[0]
     keep_symbols = list(range(N_BYTES)) + [N_BYTES + i for i, sid in enumerate(dfa.specials) if sid >= 0]
     plain_cols = np.unique(class_of[keep_symbols])
+    stack_of = {i: _stack_marker_of(sid) for i, sid in marks}  # (window, code) of the stack markers, else None
+    windows = [m[0] for m in stack_of.values() if m is not None]
     # REFILL markers are transitions the cursor takes itself: read into `refill`, then cut from the table
-    refills = [(i, _stack_marker_of(sid)) for i, sid in marks if _stack_marker_of(sid) is not None and _stack_marker_of(sid)[1] >= 2]
-    refill = None
-    if refills:
-        refill = np.full((n, 2), -1, np.int64)
-        for i, (_, code) in refills:
+    refill = np.full((n, 2), -1, np.int64) if windows else None
+    for i, m in stack_of.items():
+        if m is not None and m[1] >= 2:
             cls = int(class_of[N_BYTES + i])
-            if cls in plain_cols and (trans[:, cls] >= 0).any():
-                raise InternalError("a refill marker shares its symbol class with another symbol")
-            refill[:, code - 2] = trans[:, cls]
-        for i, _ in refills:
-            if int(class_of[N_BYTES + i]) not in plain_cols:
-                trans[:, int(class_of[N_BYTES + i])] = -1
-        marks = [(i, sid) for i, sid in marks if (i, _stack_marker_of(sid)) not in refills]
-    windows = [_stack_marker_of(sid)[0] for sid in dfa.specials if _stack_marker_of(sid) is not None]
+            if cls in plain_cols:
+                if (trans[:, cls] >= 0).any():
+                    raise InternalError("a refill marker shares its symbol class with another symbol")
+                continue  # (never taken)
+            refill[:, m[1] - 2] = trans[:, cls]
+            trans[:, cls] = -1
+    marks = [(i, sid) for i, sid in marks if stack_of[i] is None or stack_of[i][1] < 2]
     limits = sorted({_MARK_OPEN_BASE - sid for _, sid in marks if sid <= _MARK_OPEN_BASE})
     code_of_class: dict[int, int] = {}
     for i, sid in marks:
-        stack = _stack_marker_of(sid)
-        if stack is not None:  # SPILL(kind): an effect like a counter's, told apart by its sign
-            code = -1 - stack[1]
+        if stack_of[i] is not None:  # SPILL(kind): an effect like a counter's, told apart by its sign
+            code = -1 - stack_of[i][1]
         else:
             code = EFFECT_TICK if sid == MARK_TICK else EFFECT_CLOSE if sid == MARK_CLOSE else EFFECT_OPEN + limits.index(_MARK_OPEN_BASE - sid)
         cls = int(class_of[N_BYTES + i])
@@ -678,7 +674,7 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     if windows:
         spill = np.where(effect < 0, -effect, 0).astype(np.int8)  # -1 - kind -> 1 + kind
         effect[effect < 0] = EFFECT_NONE
-        refill = np.full((len(kept), 2), -1, np.int64) if refill is None else refill[kept]
+        refill = refill[kept]
         live = refill >= 0
         refill[live] = new_id[refill[live]]
         if (refill[live] < 0).any():
@@ -701,8 +697,8 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
 #
 # Masks stay the automaton's rows for every token holding fewer than `window` closing brackets: from a state with a
 # full window it cannot close the whole window, and with an empty stack the window is the whole nesting, so the top
-# kinds it closes are the ones the states know. The few tokens with more (3 to 24 per vocabulary at window 3: `}}}`,
-# `']]],\n`) are walked with the stack by the index (`TokenIndex._stack_row`).
+# kinds it closes are the ones the states know. The few tokens with more (at window 3: 2 in Phi-3, 9 in Llama 3 and
+# Qwen3, 24 in Gemma 4: `}}}`, `']]],\n`) are walked with the stack by the index (`TokenIndex._stack_row`).
 
 STACK_ARR, STACK_OBJ = 0, 1
 _MARK_STACK_BASE = -(1 << 20)  # marker `_MARK_STACK_BASE - 4 * window - code`; code 0/1 SPILL(kind), 2/3 REFILL(kind)

@@ -1209,34 +1209,41 @@ class TokenState:
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
-        if idx._stacked and not self._finished and (self._stack or budget is not None or self._limit >= 0
-                                                     or not idx._calm[self._state]):
+        if idx._stacked and self._reads_stack(budget):
             return self._stack_row(budget)
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._counted_row(self._state, self._limit - self._count, budget)
         return idx.row_for_state(idx._n_states if self._finished else self._state, budget)
 
+    def _reads_stack(self, budget: int | None) -> bool:
+        """Whether this cursor over deep values needs `_stack_row`: not finished, and something spilled, a budget, a
+        counter, or a state whose deep tokens are not known to agree with its row."""
+        return not self._finished and bool(self._stack or budget is not None or self._limit >= 0
+                                           or not self._index._calm[self._state])
+
     def _stack_row(self, budget: int | None) -> int:
         """`mask_row` of a cursor over deep values: the budget less one token per spilled container (each still
         needs its closing bracket), deep tokens walked with the stack."""
         idx = self._index
-        left = None if budget is None else max(budget - len(self._stack), 0)
-        if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
-            base = idx._counted_row(self._state, self._limit - self._count, left)
-        else:
-            base = idx.row_for_state(self._state, left)
-        row = idx._stack_row(base, self._state, self._stack, self._count, self._limit, budget)
-        if (budget is not None and not idx._acc_list[self._state] and not idx._row_words(row).any()
-                and (self._stack or self._overrun or (idx._min_tokens_list or idx._budget_tables()[1])[self._state] <= budget)):
-            self._overrun = True
+        while True:
+            left = None if budget is None else max(budget - len(self._stack), 0)
+            if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
+                base = idx._counted_row(self._state, self._limit - self._count, left)
+            else:
+                base = idx.row_for_state(self._state, left)
+            row = idx._stack_row(base, self._state, self._stack, self._count, self._limit, budget)
+            if (budget is None or idx._acc_list[self._state] or idx._row_words(row).any()
+                    or not (self._stack or self._overrun
+                            or (idx._min_tokens_list or idx._budget_tables()[1])[self._state] <= budget)):
+                return row
             # The estimate ran out before the value could close: `min_tokens` is the automaton's, whose walk of a
             # token that opens past the window and closes back forgets the spilled kind (a shortcut the cursor, which
             # refills it, cannot take), and a refilled window may cost more to close than the one it replaced.
             # Continue under the least larger budget that leaves a token: the output may overrun its budget, and the
             # cursor remembers it did. (A budget below the automaton's own `min_tokens`, with nothing spilled and no
             # overrun before, keeps its empty mask, as without a stack.)
-            return self._stack_row(budget + 1)
-        return row
+            self._overrun = True
+            budget += 1
 
     def mask(self, budget: int | None = None) -> np.ndarray:
         """The packed mask of allowed next tokens: read-only int32 [n_words], bit `t % 32` of word `t // 32`.
@@ -1251,8 +1258,7 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
-        if idx._stacked and not self._finished and (self._stack or budget is not None or self._limit >= 0
-                                                     or not idx._calm[s]):
+        if idx._stacked and self._reads_stack(budget):
             return idx._row_words(self._stack_row(budget))
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))

@@ -25,8 +25,9 @@ from constrain.syntax import ANY_TEXT, ANY_TEXT_ANY_LENGTH, Gemma4Syntax, JsonSy
 
 DEFAULT_MAX_DEPTH = 3
 # A free-form value in plain JSON nests to any depth: its innermost FREE_FORM_WINDOW container kinds are automaton
-# states, deeper ones ride on the cursor's stack (`fa.nested_values`; 637 states, as many as nesting at most 3 deep).
-# Tokens with this many closing brackets or more are walked with the stack at each step (3 to 24 per vocabulary).
+# states, deeper ones ride on the cursor's stack (`fa.nested_values`: 637 states; nesting at most 3 deep took 642).
+# Tokens with this many closing brackets or more are walked with the stack at each step (2 in Phi-3, 9 in Llama 3 and
+# Qwen3, 24 in Gemma 4).
 FREE_FORM_WINDOW = 3
 # A string whose maxLength leaves at least this many characters beyond minLength is counted beside the automaton
 # (`fa.counted_chars`) instead of unrolled: more than any token of the supported vocabularies spells (128 bytes at
@@ -1373,27 +1374,21 @@ class _Compiler:
 
         # Plain JSON without a key ranking is the same language in every schema: compiled once per process, like
         # `_any_string` (a schema with one free-form object property: 50 -> 23 ms). With a key ranking (under oneOf)
-        # the language depends on the schema, and it is compiled per schema.
-        values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
-        if self.may_stack():  # any depth: the deepest kinds on a stack
+        # the language depends on the schema, and it is compiled per schema; Gemma 4's names its vocabulary's quote
+        # token, compiled per schema too.
+        stacked = self.may_stack()  # any depth: the deepest kinds on the cursor's stack
+        if stacked:
             self.stacked[0] = True
-            # (plain JSON: compiled once per process; Gemma 4 names its vocabulary's quote token, once per compile)
-            shared_key = ("nested", syntax.whitespace, self.opts.max_states) if type(syntax) is JsonSyntax else None
-            if shared_key in _ANY_VALUE:
-                self._any_cache[cache_key] = _ANY_VALUE[shared_key]
-                return _ANY_VALUE[shared_key]
-            member_key = fa.concat(syntax.extra_key(ANY_TEXT), syntax.colon)
-            nested = fa.nested_values(FREE_FORM_WINDOW, fa.union(*values), member_key, syntax.item_sep, syntax.member_sep)
-            expr = fa.compile(nested, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers)
-            self._any_cache[cache_key] = expr
-            if shared_key is not None:
-                _ANY_VALUE[shared_key] = expr
-            return expr
-        shared_key = (syntax.whitespace, depth, self.opts.max_states) if type(syntax) is JsonSyntax and self.key_rank is None else None
+        plain_json = type(syntax) is JsonSyntax and self.key_rank is None
+        shared_key = (syntax.whitespace, "any depth" if stacked else depth, self.opts.max_states) if plain_json else None
         if shared_key is not None and shared_key in _ANY_VALUE:
             self._any_cache[cache_key] = _ANY_VALUE[shared_key]
             return _ANY_VALUE[shared_key]
-        if depth > 0:
+        values = [syntax.null, syntax.true, syntax.false, _numbers.JSON_NUMBER, syntax.string(ANY_TEXT)]
+        if stacked:
+            member_key = fa.concat(syntax.extra_key(ANY_TEXT), syntax.colon)
+            values = [fa.nested_values(FREE_FORM_WINDOW, fa.union(*values), member_key, syntax.item_sep, syntax.member_sep)]
+        elif depth > 0:
             inner_compiler = self.nested(syntax.child())
             inner = inner_compiler.any_value(depth - 1)
             container = syntax.child() if syntax.containers_as_json else syntax

@@ -681,8 +681,12 @@ class Walker:
         # counted strings' markers folded away: their bounds (2,048+ characters) lie past what `soft_len` lets a
         # string reach; deep values' stack kept (`fa.nested_values`)
         dfa, counters = fa.contract_counters(dfa)
-        self.spill = None if counters is None or counters.spill is None else counters.spill.tolist()
-        self.refill = None if self.spill is None else counters.refill.tolist()
+        self.step = None  # with deep values: (state, byte, stack) -> state, refills taken as the cursor takes them
+        if counters is not None and counters.refill is not None:
+            views = (memoryview(dfa.transitions.ravel()), dfa.n_classes, dfa.class_of[:256].tolist(),
+                     memoryview(counters.effect.ravel()), counters.limits)
+            spill, refill = memoryview(counters.spill.ravel()), memoryview(counters.refill.ravel())
+            self.step = lambda state, byte, stack: fa.walk_counted(*views, state, bytes([byte]), 0, -1, spill, refill, stack)[0]
         self.dfa = dfa
         self.rows = dfa.rows()
         self.p_stop = p_stop
@@ -704,12 +708,7 @@ class Walker:
                 live = [(c, t) for c, t in live if self.dist[t] == best]
             cls, nxt = rng.choice(live)
             out.append(rng.choice(self.bytes_of[cls]))
-            if self.spill is not None:
-                if self.spill[state][cls]:
-                    stack.append(self.spill[state][cls] - 1)
-                elif stack and self.refill[nxt][0] >= 0:
-                    nxt = self.refill[nxt][stack.pop()]
-            state = nxt
+            state = nxt if self.step is None else self.step(state, out[-1], stack)
 
 
 def walk_violations(schema: Any, dfa: Any, n: int, seed: int = 0, draft: str | None = None) -> list[str]:
