@@ -152,6 +152,34 @@ def _brackets(vocab: Any, trie: _Trie) -> tuple[np.ndarray, np.ndarray]:
     return closers, openers
 
 
+_BRACKET_TOKENS: "weakref.WeakKeyDictionary[_Trie, dict[int, tuple]]" = weakref.WeakKeyDictionary()
+
+
+def _bracket_tokens(vocab: Any, trie: _Trie, window: int) -> tuple[list, int, list, int, int]:
+    """What a stacked index (`fa.nested_values` with this `window`) reads of the vocabulary's brackets, once per
+    (vocabulary, window): the deep tokens (at least `window` closing brackets) and every token with a bracket, as
+    (id, bytes) lists, the most closing brackets of a deep token, the most opening brackets of any token and the
+    longest bracketed token."""
+    with _REFERENCES_LOCK:
+        hit = _BRACKET_TOKENS.get(trie, {}).get(window)
+    if hit is not None:
+        return hit
+    closers, openers = _brackets(vocab, trie)
+    deep = np.flatnonzero(closers >= window).tolist()
+    bracketed = [(t, vocab.token_bytes[t]) for t in np.flatnonzero(closers + openers).tolist()]
+    hit = ([(t, vocab.token_bytes[t]) for t in deep],
+           # a token takes at most one kind off the stack per closing bracket: the mask depends on that many
+           int(closers[deep].max()) if deep else 0,
+           # near the end of a token budget, every token with a bracket is walked with the stack (spills and
+           # refills change how many containers are left to close)
+           bracketed,
+           int(openers.max(initial=0)),
+           max((len(data) for _, data in bracketed), default=0))
+    with _REFERENCES_LOCK:
+        _BRACKET_TOKENS.setdefault(trie, {})[window] = hit
+    return hit
+
+
 def prepare(vocab: Any) -> None:
     """The per-vocabulary preprocessing the first index on `vocab` would otherwise do: the token trie and the
     reference masks."""
@@ -362,17 +390,8 @@ class TokenIndex:
             spill = np.concatenate([counters.spill, np.zeros((1, n_classes), np.int8)]).ravel()
             self._spill_view = memoryview(spill)
             self._refill_view = memoryview(np.ascontiguousarray(counters.refill.ravel()))
-            closers, openers = _brackets(vocab, trie)
-            bracketed = np.flatnonzero(closers + openers).tolist()
-            deep = np.flatnonzero(closers >= counters.window).tolist()
-            self._deep = [(t, vocab.token_bytes[t]) for t in deep]
-            # a token takes at most one kind off the stack per closing bracket: the mask depends on that many
-            self._deep_reach = int(closers[deep].max()) if deep else 0
-            # near the end of a token budget, every token with a bracket is walked with the stack (spills and
-            # refills change how many containers are left to close)
-            self._bracketed = [(t, vocab.token_bytes[t]) for t in bracketed]
-            self._most_opened = int(openers.max(initial=0))
-            self._deep_longest = max((len(data) for _, data in self._bracketed), default=0)
+            (self._deep, self._deep_reach, self._bracketed, self._most_opened,
+             self._deep_longest) = _bracket_tokens(vocab, trie, counters.window)
             self._stack_rows: dict[tuple, int] = {}
             # per state: with nothing spilled, no counter and no budget, every deep token's bit is the row's (the
             # cursor then takes the plain row without building a key)
@@ -720,7 +739,7 @@ class TokenIndex:
                 words = np.zeros(self._n_words, np.int32)
                 part = pairs[bounds[u] // 8 : bounds[u + 1] // 8]
                 words[part[:, 0]] = part[:, 1]
-                row_of_u[u] = self._insert_row(words)
+                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())  # (`native.sparse_key`'s dense form)
             self._pending_pairs = pairs
             lazy_from = min(len(new), _EAGER_ROWS)
             pair_at = (off // 2).tolist()

@@ -558,13 +558,40 @@ static inline int32_t child_by_byte(const uint8_t *node_byte, int32_t lo, int32_
     return lo < end && node_byte[lo] == b ? lo : -1;
 }
 
+/* Digit runs (`native._digit_runs`): a trie node all of whose descendants read digits has run r = run_of[node] >= 0,
+   the tokens below it being run_tok[run_off[r] .. run_off[r + 1]); loop[s] flags the DFA states every digit leads
+   back to (a JSON number's digits). Reached in such a state, the node's subtree is not walked: each token below it
+   keeps the DFA live and ends in that state (Llama 3's 1,110 number tokens: ~1,100 nodes -> 10).
+
+   With `hits` (room for `cap_hits`), the walk lists the runs it reaches there instead of setting their tokens' bits,
+   while there is room (`constrain_walk_many` then knows a mask by its runs and its other words before making it). */
+enum { RUN_HITS = 64 };  /* the most runs `constrain_walk_many` lists per walk */
+typedef struct {
+    const int32_t *run_of, *run_off, *run_tok;
+    const uint8_t *loop;
+    int32_t *hits;
+    int32_t n_hits, cap_hits;
+} digit_runs;
+
+static inline digit_runs *runs_of(const int64_t *a, digit_runs *out) {
+    if (!a[28]) return NULL;
+    out->run_of = (const int32_t *)(intptr_t)a[28];
+    out->run_off = (const int32_t *)(intptr_t)a[29];
+    out->run_tok = (const int32_t *)(intptr_t)a[30];
+    out->loop = (const uint8_t *)(intptr_t)a[31];
+    out->hits = NULL;
+    out->n_hits = out->cap_hits = 0;
+    return out;
+}
+
 static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, const int32_t *child_start,
                     const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
                     const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
                     int32_t n_nodes, int32_t n_terms, int32_t *node_state, int64_t dense_after,
                     int32_t n_first, int32_t max_depth, int32_t state, const uint8_t *flags, int stop_after,
                     uint32_t *words, uint8_t *seen, int32_t *tok_state, int32_t *touched, int32_t *dests,
-                    const uint8_t *node_byte, const int32_t *cls_off, const uint8_t *cls_bytes, int32_t *frames) {
+                    const uint8_t *node_byte, const int32_t *cls_off, const uint8_t *cls_bytes, int32_t *frames,
+                    digit_runs *runs) {
     /* per depth: the next child and the end of the run (or, jumping: the run's start, its end, the next of the
        `n_jump` live bytes in `jump`), and the DFA state the run is read from; in `frames` (WALK_FRAMES(max_depth)
        bytes) when given */
@@ -603,6 +630,22 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, 
                 if (tok_state) tok_state[tok[i]] = s;
             }
             SEE(s);
+        }
+        if (runs && runs->loop[s] && !flags) {  /* a digit loop over a subtree of digits: every token below is live */
+            int32_t r = runs->run_of[node];
+            if (r >= 0 && runs->n_hits < runs->cap_hits) {
+                runs->hits[runs->n_hits++] = r;
+                SEE(s);
+                continue;
+            }
+            if (r >= 0) {
+                for (int32_t i = runs->run_off[r]; i < runs->run_off[r + 1]; i++) {
+                    SET_BIT(runs->run_tok[i]);
+                    if (tok_state) tok_state[runs->run_tok[i]] = s;
+                }
+                SEE(s);
+                continue;
+            }
         }
         int32_t cc = child_count[node];
         if (cc && depth + 1 <= max_depth) {
@@ -664,6 +707,8 @@ static void clear_last(const int64_t *a, uint32_t *words, uint8_t *seen, int32_t
 
 static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_t *seen, int32_t *sparse,
                         int32_t sparse_max, int32_t *touched, int32_t *dests);
+static void sparse_form(int32_t n_words, const uint32_t *words, int32_t *sparse, int32_t sparse_max,
+                        int32_t *touched);
 
 /* A mask's nonzero words are listed by sorting the words it touched up to this many, by reading every word beyond
    (qsort of every touched list: send_email_to_array's structural fill on Qwen3, whose e-mail states touch hundreds
@@ -678,6 +723,7 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
                        int32_t share) {
     const int32_t *tflat = P(0);
     int32_t k = (int32_t)a[1];
+    digit_runs runs;
     clear_last(a, words, seen, touched, dests);
     if (share) {
         const int32_t *row = tflat + (int64_t)state * k, *byte_class = P(2);
@@ -689,7 +735,7 @@ int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uin
     }
     int64_t live = walk(tflat, k, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10], (int32_t)a[11],
                         node_state, share ? a[22] : a[12], (int32_t)a[13], (int32_t)a[14], state, NULL, share,
-                        words, seen, tok_state, touched, dests, B8(25), P(26), B8(27), NULL);
+                        words, seen, tok_state, touched, dests, B8(25), P(26), B8(27), NULL, runs_of(a, &runs));
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
@@ -707,12 +753,15 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
                             int64_t live_floor, int64_t waste_budget, uint32_t *words, int32_t *touched,
                             int32_t *sparse, int32_t sparse_max, int32_t *row_local, int32_t *uniq_off,
                             int32_t *uniq_data, int64_t data_cap) {
-    settab t;
-    int ok = settab_init(&t);  /* zeroes t first: settab_free is safe either way */
+    settab t, keys;  /* keys: (the digit runs a walk reached, its other words) -> its distinct mask */
+    int ok = settab_init(&t) & settab_init(&keys);  /* each zeroed first: settab_free is safe either way */
     int32_t *frames = (int32_t *)malloc(WALK_FRAMES(a[14]));
-    if (!ok || !frames) { free(frames); settab_free(&t); return -1; }
+    ivec key = {0};
+    if (!ok || !frames) { free(frames); settab_free(&t); settab_free(&keys); return -1; }
     int32_t rc = 0;
     uint8_t first[256];
+    digit_runs runs;
+    int32_t hits[RUN_HITS];
     for (int32_t i = 0; i < n; i++) {
         int32_t state = states[i];
         row_local[i] = -1;
@@ -720,13 +769,32 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
             continue;
         clear_last(a, words, NULL, touched, NULL);
         int64_t cap = waste_budget > 0 ? live_max : live_floor;
+        digit_runs *rp = runs_of(a, &runs);
+        if (rp) { rp->hits = hits; rp->cap_hits = RUN_HITS; }
         int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
                             (int32_t)a[11], NULL, cap, (int32_t)a[13], (int32_t)a[14], state, NULL, 1, words,
-                            NULL, NULL, touched, NULL, B8(25), P(26), B8(27), frames);
+                            NULL, NULL, touched, NULL, B8(25), P(26), B8(27), frames, rp);
         if (live == -1) { rc = -1; break; }
         if (live < 0) { waste_budget -= cap; continue; }
         finish_mask(a, state, words, NULL, sparse, sparse_max, touched, NULL);
         if (sparse[0] < 0) continue;
+        /* a walk through digit runs: its mask is known by the runs and the other words, made once per such key */
+        int64_t km = 0, kat = 0;
+        uint64_t kh = 0;
+        if (rp && rp->n_hits) {
+            km = 1 + rp->n_hits + 2 * (int64_t)sparse[0];
+            if (!ivec_reserve(&key, km)) { rc = -1; break; }
+            key.v[0] = rp->n_hits;
+            memcpy(key.v + 1, hits, (size_t)rp->n_hits * sizeof(int32_t));
+            memcpy(key.v + 1 + rp->n_hits, sparse + 1, (size_t)(2 * sparse[0]) * sizeof(int32_t));
+            kh = hash_ints(key.v, km);
+            kat = settab_find(&keys, key.v, km, kh);
+            if (kat >= 0) { row_local[i] = keys.value[kat]; continue; }
+            for (int32_t j = 0; j < rp->n_hits; j++)
+                for (int32_t x = rp->run_off[hits[j]]; x < rp->run_off[hits[j] + 1]; x++) SET_BIT(rp->run_tok[x]);
+            sparse_form((int32_t)a[15], words, sparse, sparse_max, touched);
+            if (sparse[0] < 0) continue;
+        }
         int64_t m = 2 * (int64_t)sparse[0];
         uint64_t h = hash_ints(sparse + 1, m);
         int64_t u = settab_find(&t, sparse + 1, m, h);
@@ -735,6 +803,7 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
             if (!settab_add(&t, sparse + 1, m, h, 0, -1 - u)) { rc = -1; break; }
             u = t.n - 1;
         }
+        if (km && !settab_add(&keys, key.v, km, kh, (int32_t)u, -1 - kat)) { rc = -1; break; }
         row_local[i] = (int32_t)u;
     }
     clear_last(a, words, NULL, touched, NULL);
@@ -744,6 +813,8 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
         rc = (int32_t)t.n;
     }
     settab_free(&t);
+    settab_free(&keys);
+    free(key.v);
     free(frames);
     return rc;
 }
@@ -763,7 +834,7 @@ int64_t constrain_walk_delta(const int64_t *a, int32_t state, const uint8_t *fla
     }
     int64_t live = walk(P(0), (int32_t)a[1], P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), (int32_t)a[10],
                         (int32_t)a[11], NULL, INT64_MAX, (int32_t)a[13], (int32_t)a[14], state, flags, 0, words, seen,
-                        NULL, touched, dests, B8(25), P(26), B8(27), NULL);
+                        NULL, touched, dests, B8(25), P(26), B8(27), NULL, NULL);
     if (live < 0) return live;
     finish_mask(a, state, words, seen, sparse, sparse_max, touched, dests);
     return live;
@@ -783,35 +854,40 @@ static void finish_mask(const int64_t *a, int32_t state, uint32_t *words, uint8_
         SET_BIT(t);
         SEE(d);
     }
-    if (sparse) {
-        int32_t n = 0;
-        if (touched && touched[0] <= sparse_max && touched[0] <= SORT_TOUCHED) {  /* the touched words, sorted */
-            n = touched[0];
-            sort_ints(touched + 1, n);
-            for (int32_t i = 0; i < n; i++) {
-                sparse[1 + 2 * i] = touched[1 + i];
-                sparse[2 + 2 * i] = (int32_t)words[touched[1 + i]];
-            }
-        } else if (touched && touched[0] <= sparse_max) {  /* many: in order, without sorting them */
-            for (int32_t w = 0; w < n_words; w++) {
-                if (!words[w]) continue;
-                sparse[1 + 2 * n] = w;
-                sparse[2 + 2 * n] = (int32_t)words[w];
-                n++;
-            }
-        } else if (touched) {
-            n = -1;
-        } else {
-            for (int32_t w = 0; w < n_words; w++) {
-                if (!words[w]) continue;
-                if (n == sparse_max) { n = -1; break; }
-                sparse[1 + 2 * n] = w;
-                sparse[2 + 2 * n] = (int32_t)words[w];
-                n++;
-            }
+    if (sparse) sparse_form(n_words, words, sparse, sparse_max, touched);
+}
+
+/* `sparse[0]`: the count of `words`' nonzero words, or -1 when more than `sparse_max`; then each one's index and
+   value (`touched`: the words set, when listed). */
+static void sparse_form(int32_t n_words, const uint32_t *words, int32_t *sparse, int32_t sparse_max,
+                        int32_t *touched) {
+    int32_t n = 0;
+    if (touched && touched[0] <= sparse_max && touched[0] <= SORT_TOUCHED) {  /* the touched words, sorted */
+        n = touched[0];
+        sort_ints(touched + 1, n);
+        for (int32_t i = 0; i < n; i++) {
+            sparse[1 + 2 * i] = touched[1 + i];
+            sparse[2 + 2 * i] = (int32_t)words[touched[1 + i]];
         }
-        sparse[0] = n;
+    } else if (touched && touched[0] <= sparse_max) {  /* many: in order, without sorting them */
+        for (int32_t w = 0; w < n_words; w++) {
+            if (!words[w]) continue;
+            sparse[1 + 2 * n] = w;
+            sparse[2 + 2 * n] = (int32_t)words[w];
+            n++;
+        }
+    } else if (touched) {
+        n = -1;
+    } else {
+        for (int32_t w = 0; w < n_words; w++) {
+            if (!words[w]) continue;
+            if (n == sparse_max) { n = -1; break; }
+            sparse[1 + 2 * n] = w;
+            sparse[2 + 2 * n] = (int32_t)words[w];
+            n++;
+        }
     }
+    sparse[0] = n;
 }
 #undef P
 #undef B8
@@ -1472,8 +1548,11 @@ class TrieWalker:
         cls_bytes = np.argsort(byte_class, kind="stable").astype(np.uint8)  # the bytes of each class, class by class
         cls_off = np.zeros(n_classes + 1, np.int32)
         np.cumsum(np.bincount(byte_class, minlength=n_classes), out=cls_off[1:])
+        runs = _digit_runs(trie)
+        loop = _digit_loops(keep[0], n_classes, byte_class)
+        digits = (0, 0, 0, 0) if runs is None or not loop.any() else (*(r.ctypes.data for r in runs), loop.ctypes.data)
         # alive as long as the walker: C reads them
-        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off)
+        self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off, runs, loop)
         self._lib = lib
         self._fn = lib._walk
         self._trie = trie
@@ -1487,12 +1566,12 @@ class TrieWalker:
         n_first = trie.depth_start[1] if trie.max_depth else 0
         self._dense_after = max(trie.n_nodes // self._DENSE_SHARE, 1)
         self._share_after = max(trie.n_nodes // self._SHARE_NODES, 1)
-        self._args = (ctypes.c_int64 * 28)(
+        self._args = (ctypes.c_int64 * 32)(
             keep[0].ctypes.data, n_classes, *(a.ctypes.data for a in keep[1:]), trie.n_nodes,
             int(trie.term_tokens.shape[0]), self._dense_after, n_first, max(trie.max_depth - 1, 0), n_words,
             acc.ctypes.data, len(eos), eos_arr.ctypes.data, len(specials), spec.ctypes.data, spec_cls.ctypes.data,
             self._share_after, first_below.ctypes.data, max(trie.n_nodes // self._WIDE_NODES, 1),
-            node_byte.ctypes.data, cls_off.ctypes.data, cls_bytes.ctypes.data)
+            node_byte.ctypes.data, cls_off.ctypes.data, cls_bytes.ctypes.data, *digits)
         self._local = threading.local()  # per thread: scratch buffers and their addresses
         self._reps: list[tuple[int, np.ndarray]] = []
         self._n_specials = len(specials)
@@ -1723,6 +1802,72 @@ def _parents(trie) -> np.ndarray:
         with _lock:
             _PARENTS[trie] = hit
     return hit
+
+
+# A node of at least this many descendants, all reading digits, is a digit run (`_digit_runs`).
+_RUN_MIN_TOKENS = 4
+_DIGIT_RUNS: "weakref.WeakKeyDictionary[Any, tuple | None]" = weakref.WeakKeyDictionary()
+
+
+def _digit_runs(trie) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The trie's digit runs, once per trie: `(run_of, run_off, run_tok)`, `run_of[node]` (int32 [n_nodes]) the run
+    of a node whose descendants (at least `_RUN_MIN_TOKENS` tokens) all read ASCII digits, else -1; run r's tokens
+    `run_tok[run_off[r] : run_off[r + 1]]`. None when the vocabulary has none (digits are single tokens: Qwen, Gemma).
+
+    A walk that reaches such a node in a state every digit leads back to (`_digit_loops`) sets those tokens' bits
+    without walking the subtree (see `walk` in the C source): Llama 3 merges up to three digits into one of 1,110
+    tokens, and each JSON number state kept ~1,100 trie nodes live (10-20 us a walk)."""
+    with _lock:
+        if trie in _DIGIT_RUNS:
+            return _DIGIT_RUNS[trie]
+    parent = _parents(trie)
+    node_byte = np.asarray(trie.node_byte)
+    digit = (node_byte >= 0x30) & (node_byte <= 0x39)
+    ds = trie.depth_start
+    mixed = np.zeros(trie.n_nodes, bool)  # a descendant reads a non-digit
+    for d in range(trie.max_depth - 1, 0, -1):  # children before their parents
+        lo, hi = ds[d], ds[d + 1]
+        up = parent[lo:hi][~digit[lo:hi] | mixed[lo:hi]]
+        mixed[up] = True
+    # the tokens below each candidate: up from every token that ends in a digit, through digit nodes only
+    cand = ~mixed & (np.asarray(trie.child_count) > 0)
+    term_node = np.asarray(trie.term_node)
+    pick = digit[term_node]
+    node, tok = term_node[pick], np.asarray(trie.term_tokens)[pick]
+    owners, toks = [], []
+    while node.shape[0]:
+        up = parent[node]
+        ok = up >= 0
+        node, tok, up = node[ok], tok[ok], up[ok]
+        hit = cand[up]
+        owners.append(up[hit])
+        toks.append(tok[hit])
+        keep = digit[up]  # above a non-digit node no ancestor is a candidate
+        node, tok = up[keep], tok[keep]
+    owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
+    tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
+    count = np.bincount(owner, minlength=trie.n_nodes)
+    runs_at = np.flatnonzero(count >= _RUN_MIN_TOKENS)
+    hit = None
+    if runs_at.shape[0]:
+        run_of = np.full(trie.n_nodes, -1, np.int32)
+        run_of[runs_at] = np.arange(runs_at.shape[0], dtype=np.int32)
+        keep = run_of[owner] >= 0
+        order = np.argsort(run_of[owner[keep]], kind="stable")
+        run_tok = np.ascontiguousarray(tokens[keep][order], np.int32)
+        run_off = np.zeros(runs_at.shape[0] + 1, np.int32)
+        np.cumsum(count[runs_at], out=run_off[1:])
+        hit = (run_of, run_off, run_tok)
+    with _lock:
+        _DIGIT_RUNS[trie] = hit
+    return hit
+
+
+def _digit_loops(tflat: np.ndarray, n_classes: int, byte_class: np.ndarray) -> np.ndarray:
+    """uint8 [rows of `tflat`]: 1 for each state that every ASCII digit leads back to."""
+    rows = tflat.reshape(-1, n_classes)
+    back = rows[:, byte_class[0x30:0x3A]] == np.arange(rows.shape[0], dtype=rows.dtype)[:, None]
+    return np.ascontiguousarray(back.all(axis=1), np.uint8)
 
 
 _lock = threading.Lock()

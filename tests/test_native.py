@@ -335,6 +335,74 @@ def test_walks_given_up_past_the_waste_budget_fall_back_to_the_floor(llama3_voca
     assert np.array_equal(some >= 0, index._walker.masks_many(states, 32, 16)[0] >= 0)
 
 
+# -- digit runs: a number's digits are not walked token by token --------------------------------------------------
+
+# unbounded integers and numbers (digit loops in the integer part, the fraction and the exponent), in several contexts
+_NUMBER_SCHEMA = {"type": "object", "properties": {
+    "n": {"type": "integer"}, "x": {"type": "number"}, "xs": {"type": "array", "items": {"type": "number"}},
+    "low": {"type": "integer", "minimum": -5}, "pick": {"anyOf": [{"type": "number"}, {"enum": ["none", 12]}]}},
+    "additionalProperties": False}
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gpt2_vocab"])
+def test_each_digit_run_holds_exactly_the_tokens_below_its_node(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    trie = cindex._trie_for(vocab)
+    run_of, run_off, run_tok = native._digit_runs(trie)
+    # the independent reading: a token is below a node when that node's bytes are a strict prefix of the token's
+    by_prefix: dict[bytes, set[int]] = {}
+    for t in trie.term_tokens.tolist():
+        data = vocab.token_bytes[t]
+        for cut in range(1, len(data)):
+            by_prefix.setdefault(data[:cut], set()).add(t)
+    spelled = {}
+    for node in np.flatnonzero(run_of >= 0).tolist():  # a node's bytes: up through its parents
+        path, x = [], node
+        while x >= 0:
+            path.append(int(trie.node_byte[x]))
+            x = int(native._parents(trie)[x])
+        spelled[node] = bytes(reversed(path))
+    assert len(spelled) >= 100  # Llama 3: the 10 one-digit and 100 two-digit nodes at least
+    for node, prefix in spelled.items():
+        r = int(run_of[node])
+        below = set(run_tok[run_off[r] : run_off[r + 1]].tolist())
+        assert below == by_prefix[prefix], prefix
+        assert len(below) >= native._RUN_MIN_TOKENS
+        assert all(vocab.token_bytes[t][len(prefix):].isdigit() for t in below), prefix
+    # and every node whose descendants are all digits, with enough of them, is a run
+    for prefix, below in by_prefix.items():
+        if len(below) >= native._RUN_MIN_TOKENS and all(vocab.token_bytes[t][len(prefix):].isdigit() for t in below):
+            assert prefix in spelled.values(), prefix
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gpt2_vocab", "qwen3_vocab"])
+def test_number_states_get_the_full_walks_masks_through_digit_runs(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(_NUMBER_SCHEMA, whitespace="compact").dfa
+    index = TokenIndex(dfa, vocab)
+    twin = _numpy_twin(index)
+    loops = index._walker._keep[-1]
+    assert loops.sum() >= 6  # integer part, fraction and exponent digits, in several properties
+    for s in range(dfa.n_states):
+        words, key, dests, _ = index._walker.mask(s, share=False)
+        walk = twin._walk(s)
+        assert np.array_equal(words.view(np.int32), twin._compute_mask(s, walk)), s
+        assert key == native.sparse_key(words) and np.array_equal(np.sort(dests), twin._destinations(s, walk)), s
+        assert np.array_equal(index.mask_for_state(s), words.view(np.int32)), s  # the row filled at construction
+    for s in np.flatnonzero(loops[: dfa.n_states]).tolist():
+        assert np.array_equal(index._token_costs(s), twin._token_costs(s)), s
+    # in one batch, states reaching the same digit runs with the same other words share one distinct mask
+    states = np.arange(dfa.n_states, dtype=np.int32)
+    local, off, data = index._walker.masks_many(states, 32, 512)
+    for s in np.flatnonzero(local >= 0).tolist():
+        words = np.zeros(index._n_words, np.int32)
+        part = data[off[local[s]] : off[local[s] + 1]].reshape(-1, 2)
+        words[part[:, 0]] = part[:, 1]
+        assert np.array_equal(words, twin.mask_for_state(s)), s
+    if vocab_name != "qwen3_vocab":  # (Qwen writes one digit a token: no runs, the plain walk)
+        assert (local >= 0).sum() == dfa.n_states  # every number state within the structural fill's bounds
+
+
 def test_rows_made_on_first_read_equal_the_walks_and_survive_pickling(qwen3_vocab, monkeypatch):
     monkeypatch.setattr(cindex, "_EAGER_ROWS", 4)
     dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
