@@ -660,16 +660,18 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
     kept = np.flatnonzero(~marked)
     new_id = np.full(n, -1, np.int64)
     new_id[kept] = np.arange(len(kept))
-    table = trans[kept].astype(np.int64)
-    effect = np.zeros(table.shape, np.int8)
-    into_mark = (table >= 0) & marked[np.maximum(table, 0)]
-    effect[into_mark] = code[table[into_mark]]
-    table[into_mark] = after[table[into_mark]]
-    live = table >= 0
-    table[live] = new_id[table[live]]  # (kept states take no marker: their marker columns are -1 already)
+    # one gather each through lookup tables indexed by the old target (-1, dead, reads the extra last entry): a
+    # transition into a marked state goes on to the state after its marker and takes the marker's effect
+    goes_to = np.append(new_id, -1).astype(np.int32)
+    goes_to[rows] = new_id[after[rows]]
+    effect_of = np.zeros(n + 1, np.int8)
+    effect_of[rows] = code[rows]
+    kept_trans = trans[kept]
+    table = goes_to[kept_trans]  # (kept states take no marker: their marker columns are -1 already)
+    effect = effect_of[kept_trans]
     specials = tuple(sid for sid in dfa.specials if sid >= 0)
     new_class_of = class_of[keep_symbols]
-    plain = Dfa(table.astype(np.int32), dfa.accepting[kept], new_class_of, specials, int(new_id[dfa.start]))
+    plain = Dfa(table, dfa.accepting[kept], new_class_of, specials, int(new_id[dfa.start]))
     spill = None
     if windows:
         spill = np.where(effect < 0, -effect, 0).astype(np.int8)  # -1 - kind -> 1 + kind

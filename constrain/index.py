@@ -180,6 +180,28 @@ def _bracket_tokens(vocab: Any, trie: _Trie, window: int) -> tuple[list, int, li
     return hit
 
 
+def _calm_states(tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, spill: np.ndarray,
+                 deep: list[tuple[int, bytes]]) -> list[bool]:
+    """Per state of a stacked index (`tflat`: its flat table with a dead row last; `spill`: its SPILL effects, the
+    same shape): whether no deep token spills a container kind on its way from the state. With nothing spilled
+    before, such a state's deep tokens keep the stack empty, so no REFILL is ever taken and the exact walk is the
+    automaton's: their bits are the row's (`_stack_row` would find the same, one token walk at a time). A deep token
+    without an opening bracket never spills; the others are stepped from every state at once."""
+    n_states = tflat.shape[0] // n_classes - 1
+    calm = np.ones(n_states, bool)
+    every = np.arange(n_states, dtype=np.int64)
+    for _, data in deep:
+        if b"[" not in data and b"{" not in data:
+            continue
+        at = every
+        for byte in data:
+            at_cls = at * n_classes + int(byte_class[byte])
+            calm[every[spill[at_cls] > 0]] = False
+            at = tflat[at_cls].astype(np.int64)
+            at[at < 0] = n_states  # dead: the dead row stays dead and spills nothing
+    return calm.tolist()
+
+
 def prepare(vocab: Any) -> None:
     """The per-vocabulary preprocessing the first index on `vocab` would otherwise do: the token trie and the
     reference masks."""
@@ -395,7 +417,7 @@ class TokenIndex:
             self._stack_rows: dict[tuple, int] = {}
             # per state: with nothing spilled, no counter and no budget, every deep token's bit is the row's (the
             # cursor then takes the plain row without building a key)
-            self._calm: list[bool] = [False] * n_states
+            self._calm: list[bool] = _calm_states(self._tflat, n_classes, self._byte_class, spill, self._deep)
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:

@@ -18,6 +18,7 @@ import pytest
 
 from constrain import MaskViolation
 from constrain import automaton as fa
+from constrain import index as cindex
 from constrain.index import TokenIndex
 from constrain.schema import FREE_FORM_WINDOW, SchemaOptions, _compile_with, compile_schema
 
@@ -168,6 +169,28 @@ def test_a_token_closing_more_than_the_window_reads_the_stack(gemma4_vocab):
     assert four not in state.allowed_token_ids()
     with pytest.raises(MaskViolation):
         state.advance(four)
+
+
+@pytest.mark.parametrize("vocab_name", ["qwen3_vocab", "gemma4_vocab"])
+def test_states_known_calm_at_construction_have_their_rows_exact(vocab_name, request):
+    # calm: no deep token spills from the state, so with nothing spilled the row needs no walk with the stack
+    vocab = request.getfixturevalue(vocab_name)
+    index = TokenIndex(compile_schema(SCHEMA, whitespace="compact").dfa, vocab)
+    calm = list(index._calm)
+    # Qwen3's 9 deep tokens (`}}}`, `]]]`, ...) open nothing; Gemma 4's `}}}{`, `}{*}{}`, ... open a container
+    # only after closing more: from a window that starts full, none opens a fourth kind
+    assert all(calm)
+    assert any(b"[" in data or b"{" in data for _, data in index._deep) == (vocab_name == "gemma4_vocab")
+    # a token that opens four arrays spills where a value starts (the fourth `[`), not inside a string
+    spill = np.concatenate([index._counters.spill, np.zeros((1, index._n_classes), np.int8)]).ravel()
+    opens = cindex._calm_states(index._tflat, index._n_classes, index._byte_class, spill, [(0, b"[[[[")])
+    plain = index._plain  # (the automaton the table holds: markers folded away)
+    assert not opens[plain.step(plain.start, b'{"a":')] and opens[plain.step(plain.start, b'{"a":"')]
+    for state in range(index._n_states):
+        base = index.row_for_state(state)
+        exact = index._stack_row(base, state, (), 0, -1, None)  # every deep token walked with the empty stack
+        if calm[state]:
+            assert exact == base, state
 
 
 def test_cursor_forks_and_pickles_with_its_stack(llama3_vocab):
