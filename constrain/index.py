@@ -50,7 +50,9 @@ _PREFILL_S = 0.005
 # Qwen3 / Llama 3): required_50 3.1 / 2.9 ms, nested_table 2.4 / 2.3 ms, send_email_to_array 9.1 / 3.1 ms (its
 # e-mail states: 128-512 nodes each), nested_users 13 / 8.8 ms; with 128 nodes for every state, the states
 # required_50 and nested_table missed at 139-484 nodes stayed lazy. Llama 3's number states (its 1,110 number
-# tokens keep ~1,100 nodes live) stay lazy.
+# tokens kept ~1,100 nodes live) are in since the walk takes a subtree of digits in one step where a number's digits
+# loop (`native._digit_runs`: ~10 nodes live; bench_engine.py cold p99, Llama 3: required_20 23 -> 4.4 us,
+# parallel_1to5_of_5 24 -> 3.8 us, required_50 31 -> 11.5 us; the fill 0.4-0.9 ms longer on those three).
 _PREFILL_LIVE = 512
 _PREFILL_FLOOR = 128
 _PREFILL_WASTE = 16

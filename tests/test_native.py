@@ -321,7 +321,8 @@ def test_structural_rows_filled_at_construction_are_the_full_walks_masks(request
 
 
 def test_walks_given_up_past_the_waste_budget_fall_back_to_the_floor(llama3_vocab):
-    # integers: Llama 3's 1,110 number tokens keep ~1,100 trie nodes live at a number's first digit
+    # bounded integers (their digits are counted, no digit loop: no digit runs): Llama 3's 1,110 number tokens keep
+    # ~1,100 trie nodes live at a number's first digit
     dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
     index = TokenIndex(dfa, llama3_vocab)
     states = np.arange(dfa.n_states, dtype=np.int32)
