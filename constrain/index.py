@@ -41,6 +41,16 @@ _AHEAD_STATES = 32
 # while decoding (bench_engine.py, Qwen3: hermes_1tool, 146 states, ~1.5 ms; required_10, 573 states, ~3 ms).
 _PREFILL_STATES = 1024
 _PREFILL_S = 0.005
+# Within that time the states the structural fill left are first walked in C, _PREFILL_CHUNK a call, up to
+# _PREFILL_BATCH_LIVE live nodes (nested_users: Llama 3 e-mail states up to 1,592 nodes, Gemma 4 hex digits ~600;
+# a string's escape states keep 4,600-23,000 live and are given up): 132 of Llama 3's 141 and 122 of Gemma 4's 131
+# such states filled in ~1.5-2.3 ms, where the loop alone had filled 30 and 11 in its 5 ms (Gemma 4 cold p99
+# 30.7 -> 6.8 us).
+# Fewer than _PREFILL_BATCH_MIN such states (typically a string's escape states, the 3 left in hermes_1tool and
+# required_10, wider than the batch walks: 2,048 nodes each spent for nothing, +0.1-0.5 ms) are left to the loop.
+_PREFILL_CHUNK = 64
+_PREFILL_BATCH_LIVE = 2048
+_PREFILL_BATCH_MIN = 8
 
 # Before that, every lazy index with the C walk fills in one C call the rows of the states that at most
 # _BATCH_MAX_FIRST first bytes and at most _PREFILL_LIVE trie nodes keep live (structural states: a decoding step
@@ -734,8 +744,13 @@ class TokenIndex:
         keep live (`_PREFILL_FLOOR` once the walks given up reach `_PREFILL_WASTE` nodes a state), from one C call.
         The first `_EAGER_ROWS` new rows are made now, the others kept as their nonzero words until first read."""
         states = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0).astype(np.int32)
-        local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, _PREFILL_LIVE, _PREFILL_FLOOR,
-                                                    _PREFILL_WASTE * self._n_states)
+        self._fill_batch(states, _PREFILL_LIVE, _PREFILL_FLOOR, _PREFILL_WASTE * self._n_states)
+
+    def _fill_batch(self, states: np.ndarray, live_max: int, live_floor: int, waste_budget: int) -> None:
+        """Rows for those of `states` that `TrieWalker.masks_many` walks (at most `_BATCH_MAX_FIRST` first bytes live,
+        `live_max` / `live_floor` / `waste_budget` as there), from one C call; rows made as `_prefill_structural`
+        says."""
+        local, off, data = self._walker.masks_many(states, _BATCH_MAX_FIRST, live_max, live_floor, waste_budget)
         n_uniq = off.shape[0] - 1
         if not n_uniq:
             return
@@ -764,12 +779,14 @@ class TokenIndex:
                 part = pairs[bounds[u] // 8 : bounds[u + 1] // 8]
                 words[part[:, 0]] = part[:, 1]
                 row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())  # (`native.sparse_key`'s dense form)
-            self._pending_pairs = pairs
             lazy_from = min(len(new), _EAGER_ROWS)
-            pair_at = (off // 2).tolist()
-            for i in range(lazy_from, len(new)):
-                u = new[i]
-                pending[first + i] = (pair_at[u], pair_at[u + 1])
+            if lazy_from < len(new):  # rows of an earlier batch may still wait on their words: these go after them
+                base = self._pending_pairs.shape[0] if pending else 0
+                self._pending_pairs = np.concatenate([self._pending_pairs, pairs]) if pending else pairs
+                pair_at = (off // 2 + base).tolist()
+                for i in range(lazy_from, len(new)):
+                    u = new[i]
+                    pending[first + i] = (pair_at[u], pair_at[u + 1])
             self._make_rows(first, np.asarray(new[:lazy_from], np.int64), off // 2, pairs)
             done = local >= 0
             row_of = np.asarray(self._row_of, np.int64)
@@ -813,6 +830,18 @@ class TokenIndex:
 
     def _prefill(self) -> None:
         stop = time.perf_counter() + _PREFILL_S
+        # First in C, `_PREFILL_CHUNK` states a call: those few first bytes keep live, walked up to
+        # `_PREFILL_BATCH_LIVE` nodes (wider ones, an escape's next character in a string, are left to the loop below,
+        # which may derive them from an earlier state's mask).
+        lazy = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0)
+        trie = self._trie
+        first_cls = self._byte_class[trie.node_byte[: trie.depth_start[1] if trie.max_depth else 0]]
+        n_first = (self._tflat[(lazy * self._n_classes)[:, None] + first_cls] >= 0).sum(axis=1)
+        narrow = lazy[n_first <= _BATCH_MAX_FIRST].astype(np.int32)
+        for lo in range(0, narrow.shape[0] if narrow.shape[0] >= _PREFILL_BATCH_MIN else 0, _PREFILL_CHUNK):
+            self._fill_batch(narrow[lo : lo + _PREFILL_CHUNK], _PREFILL_BATCH_LIVE, _PREFILL_BATCH_LIVE, 0)
+            if time.perf_counter() > stop:
+                return
         row_of = self._row_of
         for s in range(self._n_states):
             if row_of[s] < 0:

@@ -404,6 +404,38 @@ def test_number_states_get_the_full_walks_masks_through_digit_runs(request, voca
         assert (local >= 0).sum() == dfa.n_states  # every number state within the structural fill's bounds
 
 
+def test_small_automata_fill_wider_states_in_batches_at_construction(gemma4_vocab, monkeypatch):
+    # a 24-hex-digit id: on Gemma 4 each digit's state keeps ~600 trie nodes live, over the structural fill's 512
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-fA-F0-9]{24}$"},
+                                               "n": {"type": "integer"}}, "required": ["id"], "additionalProperties": False}
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    assert dfa.n_states <= cindex._PREFILL_STATES
+    digits = [dfa.step(dfa.start, b'{"id":"' + b"a" * k) for k in range(24)]
+    monkeypatch.setattr(cindex, "_PREFILL_S", 60.0)
+    with monkeypatch.context() as m:
+        m.setattr(TokenIndex, "_prefill", lambda self: None)
+        structural_only = TokenIndex(dfa, gemma4_vocab)
+    assert sum(structural_only._row_of[s] < 0 for s in digits) >= 20  # wider than the structural fill walks
+    index = TokenIndex(dfa, gemma4_vocab)
+    assert all(index._row_of[s] >= 0 for s in digits)  # filled by the batches
+    _shared_masks_match(index, list(range(dfa.n_states)))
+    # several batches, each keeping its new rows as words until read, after the structural fill's (ten tool calls)
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    assert dfa.n_states <= cindex._PREFILL_STATES
+    monkeypatch.setattr(cindex, "_EAGER_ROWS", 0)
+    monkeypatch.setattr(cindex, "_PREFILL_CHUNK", 8)
+    monkeypatch.setattr(cindex, "_PREFILL_LIVE", 2)  # (so that the batches find sparse masks to keep)
+    monkeypatch.setattr(cindex, "_PREFILL_FLOOR", 2)
+    with monkeypatch.context() as m:
+        m.setattr(TokenIndex, "_prefill", lambda self: None)
+        first_only = TokenIndex(dfa, gemma4_vocab)
+    index = TokenIndex(dfa, gemma4_vocab)
+    assert len(index._pending) > len(first_only._pending) > 0
+    _shared_masks_match(index, list(range(dfa.n_states)))  # every row, made now or on first read, is the full walk's
+    table, _ = index.mask_table()
+    assert len(table) == len({r.tobytes() for r in table})
+
+
 def test_rows_made_on_first_read_equal_the_walks_and_survive_pickling(qwen3_vocab, monkeypatch):
     monkeypatch.setattr(cindex, "_EAGER_ROWS", 4)
     dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
