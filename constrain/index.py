@@ -44,8 +44,8 @@ _PREFILL_S = 0.005
 # Within that time the states the structural fill left are first walked in C, _PREFILL_CHUNK a call, up to
 # _PREFILL_BATCH_LIVE live nodes (nested_users: Llama 3 e-mail states up to 1,592 nodes, Gemma 4 hex digits ~600;
 # a string's escape states keep 4,600-23,000 live and are given up): 132 of Llama 3's 141 and 122 of Gemma 4's 131
-# such states filled in ~1.5-2.3 ms, where the loop alone had filled 30 and 11 in its 5 ms (Gemma 4 cold p99
-# 30.7 -> 6.8 us).
+# such states are batched (~1.5-2.3 ms), where the loop alone had filled 30 and 11 in its 5 ms (Gemma 4 cold p99,
+# two alternating A/B runs: 31.8-67 -> 6.2-6.8 us).
 # Fewer than _PREFILL_BATCH_MIN such states (typically a string's escape states, the 3 left in hermes_1tool and
 # required_10, wider than the batch walks: 2,048 nodes each spent for nothing, +0.1-0.5 ms) are left to the loop.
 _PREFILL_CHUNK = 64
@@ -62,7 +62,8 @@ _PREFILL_BATCH_MIN = 8
 # required_50 and nested_table missed at 139-484 nodes stayed lazy. Llama 3's number states (its 1,110 number
 # tokens kept ~1,100 nodes live) are in since the walk takes a subtree of digits in one step where a number's digits
 # loop (`native._digit_runs`: ~10 nodes live; bench_engine.py cold p99, Llama 3: required_20 23 -> 4.4 us,
-# parallel_1to5_of_5 24 -> 3.8 us, required_50 31 -> 11.5 us; the fill 0.4-0.9 ms longer on those three).
+# parallel_1to5_of_5 24 -> 3.8 us, required_50 31 -> 11.5 us; index and first mask, min of 15, 0.5 / 0.3 / 0.9 ms
+# longer on required_20 / parallel_1to5_of_5 / required_50, where the number rows are now made).
 _PREFILL_LIVE = 512
 _PREFILL_FLOOR = 128
 _PREFILL_WASTE = 16
@@ -833,15 +834,12 @@ class TokenIndex:
         # First in C, `_PREFILL_CHUNK` states a call: those few first bytes keep live, walked up to
         # `_PREFILL_BATCH_LIVE` nodes (wider ones, an escape's next character in a string, are left to the loop below,
         # which may derive them from an earlier state's mask).
-        lazy = np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0)
-        trie = self._trie
-        first_cls = self._byte_class[trie.node_byte[: trie.depth_start[1] if trie.max_depth else 0]]
-        n_first = (self._tflat[(lazy * self._n_classes)[:, None] + first_cls] >= 0).sum(axis=1)
-        narrow = lazy[n_first <= _BATCH_MAX_FIRST].astype(np.int32)
-        for lo in range(0, narrow.shape[0] if narrow.shape[0] >= _PREFILL_BATCH_MIN else 0, _PREFILL_CHUNK):
-            self._fill_batch(narrow[lo : lo + _PREFILL_CHUNK], _PREFILL_BATCH_LIVE, _PREFILL_BATCH_LIVE, 0)
-            if time.perf_counter() > stop:
-                return
+        narrow = self._batchable_states(np.flatnonzero(np.asarray(self._row_of[: self._n_states]) < 0)).astype(np.int32)
+        if narrow.shape[0] >= _PREFILL_BATCH_MIN:
+            for lo in range(0, narrow.shape[0], _PREFILL_CHUNK):
+                self._fill_batch(narrow[lo : lo + _PREFILL_CHUNK], _PREFILL_BATCH_LIVE, _PREFILL_BATCH_LIVE, 0)
+                if time.perf_counter() > stop:
+                    return
         row_of = self._row_of
         for s in range(self._n_states):
             if row_of[s] < 0:
@@ -1028,9 +1026,10 @@ class TokenIndex:
         nodes alive."""
         if states is None:
             states = np.arange(self._n_states)
-        if not self._trie.max_depth:
+        trie = self._trie
+        if not trie.max_depth:
             return states
-        first = self._cls_by_depth[0]
+        first = self._byte_class[trie.node_byte[: trie.depth_start[1]]]  # (not `_cls_by_depth`: every node's class)
         keep = np.empty(states.shape[0], dtype=bool)
         for lo in range(0, states.shape[0], 4096):  # bounded temporaries: [4096, 256] gathers
             part = states[lo : lo + 4096].astype(np.int64)

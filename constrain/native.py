@@ -584,6 +584,15 @@ static inline digit_runs *runs_of(const int64_t *a, digit_runs *out) {
     return out;
 }
 
+/* Every token of run r is live and ends in `state`: its bits set (and `tok_state`, when not NULL). */
+static void run_bits(const digit_runs *runs, int32_t r, uint32_t *words, int32_t *touched, int32_t *tok_state,
+                     int32_t state) {
+    for (int32_t i = runs->run_off[r]; i < runs->run_off[r + 1]; i++) {
+        SET_BIT(runs->run_tok[i]);
+        if (tok_state) tok_state[runs->run_tok[i]] = state;
+    }
+}
+
 static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, const int32_t *child_start,
                     const int32_t *child_count, const int32_t *term_start, const int32_t *term_count,
                     const int32_t *term_tokens, const int32_t *parent, const int32_t *term_node,
@@ -631,21 +640,12 @@ static int64_t walk(const int32_t *tflat, int32_t k, const int32_t *byte_class, 
             }
             SEE(s);
         }
-        if (runs && runs->loop[s] && !flags) {  /* a digit loop over a subtree of digits: every token below is live */
+        if (runs && runs->loop[s] && !flags && runs->run_of[node] >= 0) {  /* a digit loop over a subtree of digits */
             int32_t r = runs->run_of[node];
-            if (r >= 0 && runs->n_hits < runs->cap_hits) {
-                runs->hits[runs->n_hits++] = r;
-                SEE(s);
-                continue;
-            }
-            if (r >= 0) {
-                for (int32_t i = runs->run_off[r]; i < runs->run_off[r + 1]; i++) {
-                    SET_BIT(runs->run_tok[i]);
-                    if (tok_state) tok_state[runs->run_tok[i]] = s;
-                }
-                SEE(s);
-                continue;
-            }
+            if (runs->n_hits < runs->cap_hits) runs->hits[runs->n_hits++] = r;
+            else run_bits(runs, r, words, touched, tok_state, s);
+            SEE(s);
+            continue;
         }
         int32_t cc = child_count[node];
         if (cc && depth + 1 <= max_depth) {
@@ -790,8 +790,7 @@ int32_t constrain_walk_many(const int64_t *a, const int32_t *states, int32_t n, 
             kh = hash_ints(key.v, km);
             kat = settab_find(&keys, key.v, km, kh);
             if (kat >= 0) { row_local[i] = keys.value[kat]; continue; }
-            for (int32_t j = 0; j < rp->n_hits; j++)
-                for (int32_t x = rp->run_off[hits[j]]; x < rp->run_off[hits[j] + 1]; x++) SET_BIT(rp->run_tok[x]);
+            for (int32_t j = 0; j < rp->n_hits; j++) run_bits(rp, hits[j], words, touched, NULL, state);
             sparse_form((int32_t)a[15], words, sparse, sparse_max, touched);
             if (sparse[0] < 0) continue;
         }
