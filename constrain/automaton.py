@@ -865,6 +865,7 @@ class _Nfa:
         self.suffix_ids: dict[tuple[int, int], int] = {}
         self.suffix_entries: dict[tuple[int, int], int] = {}
         self.suffixes_of: dict[int, list[int]] = {}  # id(concatenation) -> the suffix id before each of its parts
+        self.loops_of: dict[int, dict[int, tuple[int, Expr, Expr]]] = {}  # id(concatenation) -> `_loops_of`
         # embedded DFAs kept as arrays, `(first node, _edge_groups)`, for the native subset construction; None
         # without it (the Python one reads `edges` only)
         self.blocks: list[tuple[int, tuple]] | None = [] if _native.automata() is not None else None
@@ -913,6 +914,13 @@ class _Nfa:
                     suffix = self.suffix_ids.setdefault((id(parts[i]), suffix), len(self.suffix_ids))
                     before[i] = suffix
                 self.suffixes_of[id(expr)] = before
+                loops = _loops_of(parts)
+                if loops:
+                    self.loops_of[id(expr)] = loops
+            loops = self.loops_of.get(id(expr))
+            if loops is not None:
+                self._build_looped(parts, before, loops, src, dst)
+                return
             eps, edges, entries = self.eps, self.edges, self.suffix_entries
             fresh = 0
             cur = src
@@ -959,6 +967,37 @@ class _Nfa:
             self._embed(_compile(expr, self.budget, self.memo), src, dst)
         else:
             raise TypeError(f"not an automaton expression: {expr!r}")
+
+    def _build_looped(self, parts: tuple[Expr, ...], before: list[int], loops: dict[int, tuple[int, Expr, Expr]],
+                      src: int, dst: int) -> None:
+        """A concatenation holding `x (sep x)*` (`_loops_of`: how arrays are written), with one copy of x: x reaches a
+        node from which `sep x` loops back to it (the second x shares the first's entry, both leaving to that node).
+        Embedded twice, a 637-state free-form value made the NFA of an object holding such an array twice as large
+        (and its subset construction and minimisation as slow). Other parts as in `_build`."""
+        eps, entries = self.eps, self.suffix_entries
+        cur, i, n = src, 0, len(parts)
+        while i < n:
+            loop = loops.get(i)
+            end = i + (loop[0] if loop is not None else 1)  # the parts this step spells: [i, end)
+            if end == n:
+                nxt, shared = dst, False
+            else:
+                key = (before[end], dst)
+                nxt = entries.get(key)
+                shared = nxt is not None
+                if not shared:
+                    nxt = entries[key] = self.node()
+            if loop is None:
+                self.build(parts[i], cur, nxt)
+            else:
+                _, x, body = loop
+                back = self.node()  # after x: where `sep x` returns (never shared: nothing else may loop there)
+                self.build(x, cur, back)
+                self.build(body, back, back)  # body = sep x, its x the same object: built once towards `back`
+                self.eps[back].append(nxt)
+            if shared:
+                return
+            cur, i = nxt, end
 
     def _build_repeat(self, expr: _Repeat, src: int, dst: int) -> None:
         body, lo, hi = expr.body, expr.lo, expr.hi
@@ -1876,6 +1915,25 @@ def _disjoint_union(parts: Sequence[_Glued]) -> _Glued | None:
     for p, off in sorted(zip(parts, offsets[:-1]), key=lambda item: -item[1]):
         out = _without_unentered(out, int(off) + p.start)
     return out
+
+
+def _loops_of(parts: tuple[Expr, ...]) -> dict[int, tuple[int, Expr, Expr]]:
+    """The `x (sep x)*` runs of a concatenation's parts (x one or more whole parts, then an unbounded repetition of
+    a concatenation ending in the same objects): first part's index -> (parts spanned, x, sep x), x one expression
+    and `sep x` a concatenation whose last part is that same object."""
+    loops: dict[int, tuple[int, Expr, Expr]] = {}
+    taken = -1  # parts before this index belong to a loop already
+    for at, part in enumerate(parts):
+        if not (isinstance(part, _Repeat) and part.lo == 0 and part.hi is None and isinstance(part.body, _Concat)):
+            continue
+        body = part.body.parts
+        for k in range(min(len(body) - 1, at - taken - 1), 0, -1):
+            if _ends_with(body, parts[at - k:at]):
+                x = parts[at - k] if k == 1 else _Concat(parts[at - k:at])
+                loops[at - k] = (k + 1, x, _Concat(body[: len(body) - k] + (x,)))
+                taken = at
+                break
+    return loops
 
 
 def _ends_with(parts: tuple[Expr, ...], tail: tuple[Expr, ...]) -> bool:

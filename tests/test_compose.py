@@ -124,3 +124,50 @@ def test_bounded_copies_glued_in_one_pass_equal_the_subset_construction(x, lo, e
     """x{lo,lo+extra} with x closed by a byte it never starts with (so the copies glue, as a call object or an array
     item does): every copy side by side in one numpy pass."""
     assert_glued_equals_whole(fa.repeat(fa.concat(fa.literal(b"("), x[0], fa.literal(b")")), lo, lo + extra))
+
+
+@settings(max_examples=200, deadline=None)
+@given(EXPRS, EXPRS, EXPRS, EXPRS)
+def test_array_loop_in_a_subset_construction_equals_two_copies(head, x, sep, tail):
+    """`head x (sep x)*` determinised whole (inside a union, as an optional member holding an array is), with the
+    same x object twice: the NFA builds one copy of x that `sep x` loops back into (`_Nfa._build_looped`). The
+    oracle: the same language with the second x a distinct object (two copies, as before)."""
+    budget = fa._Budget(10**6, None, "")
+    other = fa.literal(b"c")
+    looped = fa._determinised(fa.union(fa.concat(head[0], x[0], fa.repeat(fa.concat(sep[0], x[0]), 0), tail[0]), other), budget)
+    copied = fa.concat(head[0], x[0], fa.repeat(fa.concat(sep[0], fa._Concat((x[0],))), 0), tail[0])
+    twice = fa._determinised(fa.union(copied, other), budget)
+    assert fa.compile(fa.difference(looped, twice)).is_empty
+    assert fa.compile(fa.difference(twice, looped)).is_empty
+    assert looped.n_states == twice.n_states  # both minimal
+
+
+def test_array_loop_embeds_its_item_once():
+    """A free-form array value (a 637-state item) in an object's optional member: its NFA holds the item once, and
+    the subset construction's result is already minimal (it was twice as large, then minimised down)."""
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "array", "minItems": 1}},
+              "additionalProperties": False}
+    fa.clear_compiled()
+    item = compile_schema({}, whitespace="compact").dfa
+    members = fa.union(fa.literal(b'"a":true'), fa.concat(fa.literal(b'"b":['), item,
+                                                          fa.repeat(fa.concat(fa.literal(b","), item), 0), fa.literal(b"]")))
+    nfa = fa._Nfa(tuple(sorted(item.specials)), fa._Budget(10**6, None, ""), fa._Memo())
+    start, final = nfa.node(), nfa.node()
+    nfa.build(members, start, final)
+    assert len(nfa.eps) < item.n_states + 30
+    sizes = []
+    finish = fa._finish
+
+    def spy(transitions, *args, **kwargs):
+        out = finish(transitions, *args, **kwargs)
+        sizes.append((transitions.shape[0], out.n_states))
+        return out
+
+    fa._finish = spy
+    try:
+        fa.clear_compiled()
+        dfa = compile_schema(schema, whitespace="compact").dfa
+    finally:
+        fa._finish = finish
+    assert dfa.matches(b'{"a":true,"b":[1,{"x":[]}]}') and not dfa.matches(b'{"b":[]}')
+    assert all(before == after for before, after in sizes), sizes
