@@ -1005,10 +1005,18 @@ class _Nfa:
         if copies > 1 and not isinstance(body, (_Bytes, _Special, Dfa)):
             body = _compile(body, self.budget, self.memo)  # determinise once, embed the small DFA per copy
         cur = src
-        for _ in range(lo):
+        for _ in range(lo - 1 if hi is None and lo else lo):
             nxt = self.node()
             self.build(body, cur, nxt)
             cur = nxt
+        if hi is None and lo:
+            # the last copy required loops on itself: x{lo,} as x{lo-1} then x+, whose x is built once (the loop's x
+            # shares the entry of the one before it, both leaving to `back`)
+            back = self.node()
+            self.build(body, cur, back)
+            self.build(body, back, back)
+            self.eps[back].append(dst)
+            return
         if hi is None:
             loop = self.node()
             self.eps[cur].append(loop)

@@ -47,6 +47,17 @@ def test_compiled_automaton_agrees_with_re(expr_and_regex, words):
         assert dfa.matches(word) == bool(oracle.fullmatch(word)), (pattern, word)
 
 
+@settings(max_examples=150, deadline=None)
+@given(EXPRS, st.integers(1, 3), WORDS)
+def test_unbounded_repetition_with_a_minimum_agrees_with_re(x, lo, words):
+    """x{lo,}: lo - 1 copies, then one copy of x that loops on itself (`_Nfa._build_repeat`), determinised whole."""
+    expr = fa.union(fa.repeat(x[0], lo), fa.literal(b"c"))
+    dfa = fa._determinised(expr, fa._Budget(10**6, None, ""))
+    oracle = re.compile(f"(?:{x[1]}){{{lo},}}|c".encode())
+    for word in words + fa.accepted_strings(dfa, limit=20, max_len=8):
+        assert dfa.matches(word) == bool(oracle.fullmatch(word)), (oracle.pattern, word)
+
+
 @settings(max_examples=60, deadline=None)
 @given(EXPRS, EXPRS, WORDS)
 def test_intersection_and_difference(a, b, words):
