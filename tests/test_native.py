@@ -569,6 +569,46 @@ def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_voc
     assert index2._walker.shared > 0
 
 
+@pytest.mark.parametrize("name", sorted(_SHARE_SCHEMAS))
+def test_pairs_whose_first_bytes_differ_in_too_many_classes_never_agree(qwen3_vocab, name):
+    """`TrieWalker._candidates` drops a remembered state whose first bytes are live in more than `_MAX_ROUNDS`
+    classes where the state's are not (or the other way round): the pair search would fail, each such class taking
+    one of its rounds. The pairs of their first 40 string states and 3,000 random pairs, against the pair search
+    itself."""
+    index = TokenIndex(compile_schema(_SHARE_SCHEMAS[name], whitespace="compact").dfa, qwen3_vocab)
+    w = index._walker
+    strings = _string_states(index)[:40]
+    rng = np.random.default_rng(3)
+    pairs = [(p, q) for p in strings for q in strings] + rng.integers(0, index.dfa.n_states, (3000, 2)).tolist()
+    dropped = 0
+    for p, q in pairs:
+        if (w._live_classes(p) ^ w._live_classes(q)).bit_count() > w._MAX_ROUNDS:
+            dropped += 1
+            assert w._pair(w._tflat, w._k, w._own_joint, p, q) is None, (p, q)
+    assert dropped > 0
+
+
+def test_a_state_with_a_remembered_states_first_bytes_shares_without_walking(qwen3_vocab, monkeypatch):
+    """The content state of a second string field has the first field's live first bytes exactly: its mask is
+    derived from that one's without a walk of the trie first (and equals the full walk's)."""
+    monkeypatch.setattr(cindex, "_PREFILL_STATES", 0)  # only the structural rows filled at construction
+    index = TokenIndex(compile_schema(_SHARE_SCHEMAS["fields"], whitespace="compact").dfa, qwen3_vocab)
+    w = index._walker
+    first, second = [s for s in _string_states(index) if index._row_of[s] < 0][:2]
+    assert w._live_classes(first) == w._live_classes(second)
+    index.mask_for_state(first)
+    assert first in [p for p, _ in w._reps]
+    walks = []
+    fn = w._fn
+    w._fn = lambda *args: walks.append(args[1]) or fn(*args)
+    try:
+        got = index.mask_for_state(second)
+    finally:
+        w._fn = fn
+    assert walks == [] and w.shared >= 1
+    assert np.array_equal(got, w.mask(second, share=False)[0].view(np.int32))
+
+
 @pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
 def test_a_first_string_state_derives_from_the_vocabularys_reference(request, vocab_name, monkeypatch):
     vocab = request.getfixturevalue(vocab_name)
