@@ -881,13 +881,16 @@ class _Nfa:
         if isinstance(expr, _Bytes):
             self.edges[src].append((expr.mask, dst))
             return
+        self.eps[src].append(self._entry(expr, dst))
+
+    def _entry(self, expr: Expr, dst: int) -> int:
+        """The node `expr` is spelt from towards dst, built on first use (`entries`)."""
         key = (id(expr), dst)
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.node()
-            self.entries[key] = entry
+            entry = self.entries[key] = self.node()
             self._build_entry(expr, entry, dst)
-        self.eps[src].append(entry)
+        return entry
 
     def _build_entry(self, expr: Expr, entry: int, dst: int) -> None:
         """Build `expr` from its entry node towards dst (`entries`), once."""
@@ -921,45 +924,47 @@ class _Nfa:
                 loops = _loops_of(parts)
                 if loops:
                     self.loops_of[id(expr)] = loops
-            loops = self.loops_of.get(id(expr))
-            if loops is not None:
-                self._build_looped(parts, before, loops, src, dst)
-                return
+            loops = self.loops_of.get(id(expr), _NO_LOOPS)
             eps, edges, entries = self.eps, self.edges, self.suffix_entries
+            n = len(parts)
+            # the node before the last part is that part's entry towards dst (`_entry`), when it has one: `y x*` and
+            # a bare `x*` (an object's extra members after a declared one, and with none) loop on one node
+            last_entry = n > 1 and type(parts[-1]) is not _Bytes
             fresh = 0
-            cur = src
-            # the node before the last part is that part's entry towards dst (`build`'s), when it has one: `y x*`
-            # and a bare `x*` (an object's extra members after a declared one, and with none) loop on one node
-            last_entry = len(parts) > 1 and type(parts[-1]) is not _Bytes
-            for i in range(len(parts) - 1):
+            cur, i = src, 0
+            while True:
+                loop = loops.get(i)
+                end = i + (loop[0] if loop is not None else 1)  # the parts this step spells: [i, end)
+                shared = False
+                if end == n:
+                    nxt = dst
+                else:
+                    if last_entry and end == n - 1:
+                        key, table = (id(parts[-1]), dst), self.entries
+                    else:
+                        key, table = (before[end], dst), entries
+                    nxt = table.get(key)
+                    shared = nxt is not None
+                    if not shared:
+                        # a new node, inlined (a literal's bytes are most of an NFA's nodes)
+                        nxt = table[key] = len(eps)
+                        eps.append([])
+                        edges.append([])
+                        fresh += 1
                 part = parts[i]
-                if last_entry and i + 2 == len(parts):
-                    key, table = (id(parts[-1]), dst), self.entries
-                else:
-                    key, table = (before[i + 1], dst), entries
-                nxt = table.get(key)
-                shared = nxt is not None
-                if not shared:
-                    # a new node, inlined (a literal's bytes are most of an NFA's nodes)
-                    nxt = table[key] = len(eps)
-                    eps.append([])
-                    edges.append([])
-                    fresh += 1
-                if type(part) is _Bytes:
+                if loop is not None:
+                    # x of several parts, then `(sep x)*` from that repetition's own entry, where it loops
+                    # (`_build_repeat`): x's parts are the same suffixes as the loop's x towards that node, built once
+                    self.build(loop[1], cur, self._entry(parts[end - 1], nxt))
+                elif type(part) is _Bytes:
                     edges[cur].append((part.mask, nxt))
-                else:
-                    self._part(part, cur, nxt)
-                if shared:
-                    break
-                cur = nxt
-            else:
-                part = parts[-1]
-                if type(part) is _Bytes:
-                    edges[cur].append((part.mask, dst))
-                elif last_entry:
+                elif end == n and last_entry:
                     self._build_entry(part, cur, dst)  # cur is its entry, new
                 else:
-                    self._part(part, cur, dst)
+                    self._part(part, cur, nxt)
+                if shared or end == n:
+                    break
+                cur, i = nxt, end
             if fresh:
                 self.budget.tick(fresh - 1)
                 self.budget.check(len(eps) // 4)
@@ -987,50 +992,13 @@ class _Nfa:
         object's extra members `(, "key": v)*` after a declared member whose value is the same automaton v share
         one copy of v (Github_medium o89218: 55,795 states determinised, 18,672 minimal)."""
         if type(part) is _Repeat and part.lo == 0 and part.hi is None:
-            self.build(part.body, src, src)
-            self.eps[src].append(dst)
+            self._build_entry(part, src, dst)  # src is as good as its entry: `_build_repeat` loops on it
         else:
             self.build(part, src, dst)
 
-    def _build_looped(self, parts: tuple[Expr, ...], before: list[int], loops: dict[int, tuple[int, Expr]],
-                      src: int, dst: int) -> None:
-        """A concatenation holding `x (sep x)*` with x of several parts (`_loops_of`; one part is `_part`'s case), with
-        one copy of x: x leads to the repetition's entry, from which `sep x` loops back to it, x's parts built once
-        for both (the same suffixes towards the same node). Embedded twice, a 637-state free-form value made the NFA
-        of an object holding such an array twice as large (and its subset construction and minimisation as slow).
-        Other parts as in `_build`."""
-        eps, entries = self.eps, self.suffix_entries
-        cur, i, n = src, 0, len(parts)
-        while i < n:
-            loop = loops.get(i)
-            end = i + (loop[0] if loop is not None else 1)  # the parts this step spells: [i, end)
-            if end == n:
-                nxt, shared = dst, False
-            else:
-                key = (before[end], dst)
-                nxt = entries.get(key)
-                shared = nxt is not None
-                if not shared:
-                    nxt = entries[key] = self.node()
-            if loop is None:
-                self._part(parts[i], cur, nxt)
-            else:
-                # x then `(sep x)*` from the repetition's own entry towards nxt, where it loops (`_build_repeat`):
-                # x's parts are named as the same suffixes as the loop's x towards that node, so built once
-                x, rep = loop[1], parts[end - 1]
-                key = (id(rep), nxt)
-                back = self.entries.get(key)
-                if back is None:
-                    back = self.entries[key] = self.node()
-                    self._build_entry(rep, back, nxt)
-                self.build(x, cur, back)
-            if shared:
-                return
-            cur, i = nxt, end
-
     def _build_repeat(self, expr: _Repeat, src: int, dst: int) -> None:
         body, lo, hi = expr.body, expr.lo, expr.hi
-        copies = lo + (1 if hi is None else hi - lo)
+        copies = max(lo, 1) if hi is None else hi  # built: x* and x+ loop on one copy
         if copies > 1 and not isinstance(body, (_Bytes, _Special, Dfa)):
             body = _compile(body, self.budget, self.memo)  # determinise once, embed the small DFA per copy
         cur = src
@@ -1950,6 +1918,9 @@ def _disjoint_union(parts: Sequence[_Glued]) -> _Glued | None:
     for p, off in sorted(zip(parts, offsets[:-1]), key=lambda item: -item[1]):
         out = _without_unentered(out, int(off) + p.start)
     return out
+
+
+_NO_LOOPS: dict[int, tuple[int, Expr]] = {}
 
 
 def _loops_of(parts: tuple[Expr, ...]) -> dict[int, tuple[int, Expr]]:

@@ -131,7 +131,7 @@ def test_bounded_copies_glued_in_one_pass_equal_the_subset_construction(x, lo, e
 @given(EXPRS, EXPRS, EXPRS, EXPRS)
 def test_array_loop_in_a_subset_construction_equals_two_copies(head, x, sep, tail):
     """`head x (sep x)*` determinised whole (inside a union, as an optional member holding an array is), with the
-    same x object twice: the NFA builds one copy of x that `sep x` loops back into (`_Nfa._build_looped`). The
+    same x object twice: the NFA builds one copy of x that `sep x` loops back into (`_Nfa._part`, `_loops_of`). The
     oracle: the same language with the second x new objects all through (two copies, as before)."""
     budget = fa._Budget(10**6, None, "")
     other = fa.literal(b"c")
