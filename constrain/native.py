@@ -433,15 +433,16 @@ static void part_split(part *p) {
 }
 
 /* Coarsest partition of a trimmed partial DFA of n states given as its m transitions (tail[i] --label[i]--> head[i],
-   labels 0..k-1; the arrays are reused: labels are renumbered) refining `block0` (0..n0-1, every id used) that is a
-   congruence. Writes each state's block to `block_out`; returns the number of blocks, -1 when out of memory. */
+   labels 0..k-1) refining `block0` (0..n0-1, every id used) that is a congruence. Writes each state's block to
+   `block_out`; returns the number of blocks, -1 when out of memory. */
 static int32_t hopcroft_edges(int32_t n, int32_t k, int64_t m, const int32_t *tail, const int32_t *head,
-                              int32_t *label, const int32_t *block0, int32_t n0, int32_t *block_out) {
+                              const int32_t *label, const int32_t *block0, int32_t n0, int32_t *block_out) {
     int32_t *in_off = (int32_t *)calloc((size_t)n + 2, sizeof(int32_t));
     int32_t *in_tr = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
     int32_t *label_of = (int32_t *)malloc((size_t)k * sizeof(int32_t) + 4);
+    int32_t *used = (int32_t *)malloc((size_t)(m + 1) * sizeof(int32_t));
     part B, C;
-    int ok = in_off && in_tr && label_of && part_alloc(&B, n, n) && part_alloc(&C, m, m);
+    int ok = in_off && in_tr && label_of && used && part_alloc(&B, n, n) && part_alloc(&C, m, m);
     int32_t result = -1;
     if (!ok) goto done;
     /* labels renumbered to the used ones, in label order */
@@ -449,9 +450,9 @@ static int32_t hopcroft_edges(int32_t n, int32_t k, int64_t m, const int32_t *ta
     for (int64_t i = 0; i < m; i++) label_of[label[i]] = 0;
     int32_t n_labels = 0;
     for (int32_t c = 0; c < k; c++) if (label_of[c] >= 0) label_of[c] = n_labels++;
-    for (int64_t i = 0; i < m; i++) label[i] = label_of[label[i]];
+    for (int64_t i = 0; i < m; i++) used[i] = label_of[label[i]];
     part_by_key(&B, n, block0, n0);
-    part_by_key(&C, (int32_t)m, label, n_labels);
+    part_by_key(&C, (int32_t)m, used, n_labels);
     /* incoming transitions per state */
     for (int64_t i = 0; i < m; i++) in_off[head[i] + 2]++;
     for (int32_t s = 0; s < n; s++) in_off[s + 2] += in_off[s + 1];
@@ -476,7 +477,7 @@ static int32_t hopcroft_edges(int32_t n, int32_t k, int64_t m, const int32_t *ta
     for (int32_t s = 0; s < n; s++) block_out[s] = B.S[s];
     result = B.z;
 done:
-    free(in_off); free(in_tr); free(label_of);
+    free(in_off); free(in_tr); free(label_of); free(used);
     if (ok) { part_free(&B); part_free(&C); }
     return result;
 }
@@ -1125,18 +1126,14 @@ void *constrain_finish(int32_t n, int32_t k, const int32_t *trans, const uint8_t
         s_off[n2] = (int32_t)t;
     }
     for (int32_t i = 0; i < n2; i++) block0[i] = (has_acc && has_rej) ? sacc[i] : 0;
-    /* hopcroft renumbers `label`: keep the classes in e_cls order for the quotient (rebuilt from head/s_off) */
-    int32_t *cls2 = (int32_t *)malloc((size_t)(m2 + 1) * sizeof(int32_t));
-    if (!cls2) goto fail;
-    memcpy(cls2, label, (size_t)m2 * sizeof(int32_t));
     int32_t n_blocks = hopcroft_edges(n2, k, m2, tail, head, label, block0, (has_acc && has_rej) ? 2 : 1, block);
-    if (n_blocks < 0) { free(cls2); goto fail; }
+    if (n_blocks < 0) goto fail;
     /* the quotient, breadth-first from the start's block */
     rep = (int32_t *)malloc((size_t)n_blocks * sizeof(int32_t) + 4);
     bid = (int32_t *)malloc((size_t)n_blocks * sizeof(int32_t) + 4);
     out->trans = (int32_t *)malloc((size_t)n_blocks * (size_t)k * sizeof(int32_t) + 4);
     out->acc = (uint8_t *)malloc((size_t)n_blocks + 1);
-    if (!rep || !bid || !out->trans || !out->acc) { free(cls2); goto fail; }
+    if (!rep || !bid || !out->trans || !out->acc) goto fail;
     for (int32_t b = 0; b < n_blocks; b++) bid[b] = -1;
     for (int32_t i = n2 - 1; i >= 0; i--) rep[block[i]] = i;
     qh = qt = 0;
@@ -1149,12 +1146,11 @@ void *constrain_finish(int32_t n, int32_t k, const int32_t *trans, const uint8_t
         for (int32_t j = s_off[r]; j < s_off[r + 1]; j++) {
             int32_t tb = block[head[j]];
             if (bid[tb] < 0) { bid[tb] = qt; queue[qt++] = tb; }
-            row[cls2[j]] = bid[tb];
+            row[label[j]] = bid[tb];
         }
         out->acc[qh] = sacc[r];
         qh++;
     }
-    free(cls2);
     out->n_states = n_blocks;
     out->cap = n_blocks;
     free(e_off); free(e_cls); free(e_dst); free(rev_off); free(rev_src); free(queue); free(live); free(renum);
@@ -1652,8 +1648,7 @@ class TrieWalker:
             live = self._fn(self._args, state, nodes_at, words_at, seen_at, None, sparse_at, SPARSE_MAX, touched_at,
                             dests_at, int(share))
         if live == -2:
-            candidates = self._candidates(state)
-            got = self._shared(state, candidates) if candidates else None
+            got = self._shared(state, self._candidates(state))
             if got is not None:
                 self.shared += 1
             if got is not None and got >= 0:
@@ -1714,36 +1709,35 @@ class TrieWalker:
         """`state`'s live byte classes (`_own_joint`'s, as the pair search reads them), one byte of an int each
         (cached)."""
         bits = self._live_bits.get(state)
-        if bits is None:  # one byte a class, 1 where live (~1 us): the XOR of two counts their differing classes
-            row = self._tflat[state * self._k : (state + 1) * self._k] >= 0
-            bits = self._live_bits[state] = int.from_bytes(row.tobytes(), "little") & self._byte_classes
+        if bits is None:  # `_pattern`'s bytes (~1 us): the XOR of two counts their differing classes
+            bits = self._live_bits[state] = int.from_bytes(self._pattern(state), "little") & self._byte_classes
         return bits
 
-    def _candidates(self, state: int) -> list:
-        """The remembered states (`(p, mask)`, newest first) and reference states (`(ref, joint, p, mask)`) that
+    def _candidates(self, state: int) -> tuple[list, list]:
+        """The remembered states (`(p, mask)`, newest first) and the reference states (`(ref, joint, p, mask)`) that
         `state` may share a mask with: those whose first bytes are live in at most `_MAX_ROUNDS` classes where
         `state`'s are not, or the other way round. More, and the pair search would fail for sure: each such class
         takes one of its rounds (on `nested_table`, Qwen3: 579 pair searches failed, every one with 6 or more such
         classes, 294 succeeded, with none; ~10 us each)."""
         mine = self._live_classes(state)
-        out: list = [(p, base) for p, base in reversed(tuple(self._reps))  # a snapshot: another thread may replace one
-                     if (self._live_classes(p) ^ mine).bit_count() <= self._MAX_ROUNDS]
+        own = [(p, base) for p, base in reversed(tuple(self._reps))  # a snapshot: another thread may replace one
+               if (self._live_classes(p) ^ mine).bit_count() <= self._MAX_ROUNDS]
+        refs = []
         if self._refs:
             row = self._tflat[state * self._k : (state + 1) * self._k] >= 0
             for ref, joint in self._refs:
                 ja, jb, _ = joint
-                own = row[jb]
                 for p, base in ref.states:
-                    theirs = ref.tflat[p * ref.n_classes + ja] >= 0
-                    if int(np.count_nonzero(theirs != own)) <= self._MAX_ROUNDS:
-                        out.append((ref, joint, p, base))
-        return out
+                    if int(np.count_nonzero((ref.tflat[p * ref.n_classes + ja] >= 0) != row[jb])) <= self._MAX_ROUNDS:
+                        refs.append((ref, joint, p, base))
+        return own, refs
 
-    def _shared(self, state: int, candidates: list) -> int | None:
+    def _shared(self, state: int, candidates: tuple[list, list]) -> int | None:
         """A remembered state whose mask `state` has exactly, or -1 having filled this thread's buffers with
         `state`'s mask derived from a remembered state's or a reference state's (`use_references`); None when none
         fits. `candidates`: `_candidates(state)`."""
-        for p, base in (c for c in candidates if len(c) == 2):
+        own, refs = candidates
+        for p, base in own:
             in_x = self._pair(self._tflat, self._k, self._own_joint, p, state)
             if in_x is None:
                 continue
@@ -1753,7 +1747,7 @@ class TrieWalker:
             if self._derive(state, base, in_x):
                 self._remember(state, self._buffers()[1])  # the states after it likely equal it: no walk at all
                 return -1
-        for ref, joint, p, base in (c for c in candidates if len(c) == 4):
+        for ref, joint, p, base in refs:
             in_x = self._pair(ref.tflat, ref.n_classes, joint, p, state)
             if in_x is not None and self._derive(state, base, in_x):
                 self._remember(state, self._buffers()[1])  # this index's own states now derive from it
