@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import jsonschema
 from paths import DATA  # noqa: E402
 
-from constrain.schema import mentions_not, ranked_names  # the key order the writing rules give (not validity)
+from constrain.schema import mentions_not, negated_required, ranked_names  # the key order the writing rules give (not validity)
 
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
@@ -300,8 +300,9 @@ class CanonicalWriter:
                 expanded.add((key, i))
                 branches = flat[i][key]
                 self._flatten(next((b for b in branches if self._valid(b, data)), branches[0]), data, flat)
-        # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text)
-        if any("not" in c for c in flat) and not any("const" in c or "enum" in c for c in flat):
+        # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text) or the
+        # compiler rewrites it without the universe (an operand that only asks for names: `negated_required`)
+        if any("not" in c and negated_required(c["not"]) is None for c in flat) and not any("const" in c or "enum" in c for c in flat):
             rank = self._ranked(rank, [self.root, _merged_view(flat)])
         return flat, rank
 

@@ -145,11 +145,20 @@ def test_writer_ranks_keys_under_not_schema_wide():
     # under `not`, the ranking is every name of the whole schema in first-mention order: o, a, c, b
     schema = {
         "$defs": {"d": {"properties": {"a": {}, "c": {}}}},
-        "properties": {"o": {"properties": {"b": {}, "a": {}}, "not": {"required": ["c"]}}},
+        "properties": {"o": {"properties": {"b": {}, "a": {}}, "not": {"required": ["c"], "minProperties": 3}}},
     }
     text = _text(schema, {"o": {"b": 1, "a": 2}})
     assert text == '{"o":{"a":2,"b":1}}'
     assert _accepted(schema, text) and not _accepted(schema, '{"o":{"b":1,"a":2}}')
+
+
+def test_writer_keeps_schema_order_under_a_not_of_names():
+    # `not: {required: [...]}` is compiled without the universe (`negated_required`): no ranking, declared order
+    schema = {"$defs": {"d": {"properties": {"a": {}, "c": {}}}},
+              "properties": {"o": {"properties": {"b": {}, "a": {}}, "not": {"required": ["c"]}}}}
+    text = _text(schema, {"o": {"a": 2, "b": 1}})
+    assert text == '{"o":{"b":1,"a":2}}'
+    assert _accepted(schema, text)
 
 
 def test_writer_numbers_strings_and_const_order():

@@ -173,8 +173,39 @@ def test_not_numbers_are_written_canonically():
 
 
 def test_not_objects_take_one_unnamed_key_at_most():
-    dfa = compile_schema({"not": {"required": ["a"]}}).dfa
+    dfa = compile_schema({"not": {"required": ["a"], "maxProperties": 5}}).dfa
     assert dfa.matches(b'{"x":1}') and not dfa.matches(b'{"x":1,"y":2}') and not dfa.matches(b'{"x":1,"x":2}')
+
+
+# `not` of an operand that only asks for names is rewritten without the universe (`schema._negated_required`): exact
+NAMES_ONLY = [
+    {"not": {"required": ["a", "b"]}},
+    {"type": "object", "not": {"required": ["body", "bodyValue"]}},  # JSONSchemaBench Github_trivial o91408
+    {"not": {"required": ["a", "foo"], "type": "object"}},  # non-objects pass too
+    {"not": {"anyOf": [{"required": ["a"]}, {"required": ["b", "foo"]}]}},
+    {"allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]},  # merged into not anyOf
+    {"properties": {"a": {"type": "integer"}, "b": {}}, "not": {"required": ["a", "b"], "title": "exclusive"}},
+    {"if": {"required": ["a"]}, "then": {"required": ["b"]}},
+    {"oneOf": [{"not": {"required": ["a"]}}, {"required": ["b"]}]},
+]
+MANY_KEYS = [{"x": 1, "y": 2}, {"x": 1, "y": 2, "a": 1}, {"a": 1, "b": 2, "x": [1]}, {"b": "s", "x": 1, "y": {"z": 0}},
+             {"id": "u", "type": "T", "body": "x"}, {"id": "u", "type": "T", "body": "x", "bodyValue": None}]
+
+
+@pytest.mark.parametrize("schema", NAMES_ONLY, ids=[json.dumps(c)[:60] for c in NAMES_ONLY])
+def test_not_of_required_names_is_exact(schema):
+    """Any key order and any number of undeclared keys: every valid value is accepted, no invalid one."""
+    dfa = compile_schema(schema).dfa
+    oracle = jsonschema.Draft202012Validator(schema)
+    for value in VALUES + MANY_KEYS:
+        accepted = [t for t in texts(value) if dfa.matches(t)]
+        assert bool(accepted) == oracle.is_valid(value), (json.dumps(value), accepted[:1])
+    assert walk_violations(schema, dfa, 100) == []
+
+
+def test_not_of_no_required_names_is_nothing():
+    with pytest.raises(UnsupportedSchema, match="no JSON value"):
+        compile_schema({"not": {"required": []}})
 
 
 def test_formats_inside_not_are_refused_with_pointer():
