@@ -513,33 +513,81 @@ def ranked_names(nodes: Any, rank: dict[str, int] | None, lookup: Callable[[str]
 
 def mentions_not(node: Any) -> bool:
     """Whether a `not` (or a keyword rewritten with one) that needs the universe (`_Compiler.complement`) occurs
-    anywhere in `node`: a `not` or an `if` whose operand only asks for names (`negated_required`) does not."""
+    anywhere in `node`: a `not` or an `if` whose operand has an exact positive form (`negated`) counts only by what
+    that form holds."""
     if isinstance(node, list):
         return any(mentions_not(x) for x in node)
     if not isinstance(node, dict):
         return False
-    return any(k == "maxContains" or (k in ("not", "if") and negated_required(v) is None)
-               or (k not in ("enum", "const") and mentions_not(v)) for k, v in node.items())
+    for k, v in node.items():
+        if k in ("enum", "const"):
+            continue
+        if k == "maxContains":
+            return True
+        if k in ("not", "if"):
+            positive = negated(v)
+            if positive is None or mentions_not(positive):
+                return True
+            if k == "not":
+                continue  # the operand itself is not compiled: its positive form is
+        if mentions_not(v):
+            return True
+    return False
 
 
-def negated_required(operand: Any) -> Any:
-    """`not: operand` without a complement, when the operand only asks for names: `required: R` (a value that is not
-    an object, or an object with every name of R), maybe with `type: object`, or an `anyOf` of such operands.
+_JSON_TYPES = ("null", "boolean", "object", "array", "string", "number")
 
-    not {required: R} = an object lacking a name of R: `{type: object, anyOf: [{_absent: [r]} for r in R]}`; with
-    `type: object` in the operand, a value that is not an object passes too (`_absent` holds for every value that is
-    not an object), so the `type` is left out; not {anyOf: [A, B]} = allOf[not A, not B]; not {required: []} = False.
-    Exact, and unlike the complement's universe it takes any key order and any number of undeclared keys (JSONSchemaBench
-    Github_trivial o91408: `not: {required: [body, bodyValue]}` over annotations with `id` and `type`). None for any
-    other operand."""
+
+def negated(operand: Any) -> Any:
+    """The exact positive form of `not: operand`, where one needs no complement, else None. True and False stand for
+    every value and none.
+
+    - not {not: X} = X; not true = false; not false = true.
+    - not {type: T} = the other types (None when T has `integer` without `number`: the numbers that are not integers
+      have no type of their own).
+    - not {required: R} = an object lacking one name of R: `{type: object, anyOf: [{_absent: [r]} for r in R]}`
+      (`required` holds for every value that is not an object, so those fail it); with `type: object` in the
+      operand, a value that is not an object passes too (`_absent` holds for every value that is not an object), so
+      the `type` is left out; not {required: []} = false.
+    - not {anyOf: [A, B]} = allOf[not A, not B]; not {allOf: [A, B]} = anyOf[not A, not B], each part rewritten too.
+
+    Exact, and unlike the complement's universe these take any writing of a value: any key order, any number of
+    undeclared keys, numbers with exponents, any depth (JSONSchemaBench Github_trivial o91408:
+    `not: {required: [body, bodyValue]}` over annotations with `id` and `type`)."""
+    if operand is True:
+        return False
+    if operand is False:
+        return True
     if not isinstance(operand, dict):
         return None
     keys = {k for k in operand if k not in ANNOTATIONS}
-    if keys == {"anyOf"} and isinstance(operand["anyOf"], list) and operand["anyOf"]:
-        parts = [negated_required(branch) for branch in operand["anyOf"]]
+    if not keys:
+        return False
+    if keys == {"not"}:
+        return operand["not"]
+    if len(keys) == 1 and keys <= {"anyOf", "allOf"}:
+        (key,) = keys
+        branches = operand[key]
+        if not isinstance(branches, list) or not branches:
+            return None
+        parts = [negated(branch) for branch in branches]
         if any(p is None for p in parts):
             return None
-        return False if any(p is False for p in parts) else {"allOf": parts}
+        if key == "anyOf":  # every branch fails
+            if any(p is False for p in parts):
+                return False
+            kept = [p for p in parts if p is not True]
+            return {"allOf": kept} if kept else True
+        if any(p is True for p in parts):  # allOf: some branch fails
+            return True
+        kept = [p for p in parts if p is not False]
+        return {"anyOf": kept} if kept else False
+    if keys == {"type"}:
+        named = operand["type"] if isinstance(operand["type"], list) else [operand["type"]]
+        if not all(t in _JSON_TYPES or t == "integer" for t in named) or ("integer" in named and "number" not in named):
+            return None
+        others = [t for t in _JSON_TYPES if t not in named]
+        return {"type": others} if others else False
     names = operand.get("required")
     if "required" not in keys or not keys <= {"required", "type"} or not isinstance(names, list) \
             or not all(isinstance(n, str) for n in names) or operand.get("type", "object") != "object":
@@ -549,6 +597,13 @@ def negated_required(operand: Any) -> Any:
         return False
     absent: dict = {"_absent": names} if len(names) == 1 else {"anyOf": [{"_absent": [n]} for n in names]}
     return absent if "type" in keys else {"type": "object", **absent}
+
+
+def _holds_object(value: Any) -> bool:
+    """Whether a JSON value is or holds an object."""
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, list) and any(_holds_object(v) for v in value)
 
 
 def _canonical_text(value: Any, rank: dict[str, int] | None) -> str:
@@ -996,7 +1051,7 @@ class _Compiler:
         if "enum" in schema or "const" in schema:
             return self.enum(schema, pointer, refs)
         if "not" in schema:
-            positive = negated_required(schema["not"])
+            positive = negated(schema["not"])
             if positive is not None:
                 if positive is False:
                     return fa.NOTHING
@@ -1391,9 +1446,11 @@ class _Compiler:
             kept = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
         else:
             # filter the values by the other keywords, checked in plain JSON whatever the output syntax, each value
-            # written in the writing rules (under `not`: keys in the ranking's order, see `complement`)
+            # written in the writing rules: with an object among them (or under `not`, see `complement`), keys in the
+            # order of one ranking of the schema's names on both sides -- the enum's own key order is not the
+            # automaton's (`{"enum": [{"b": 1, "a": 2}]}` beside `properties` a, b)
             checker = self.nested(JsonSyntax("compact"))
-            if mentions_not(rest):
+            if mentions_not(rest) or any(_holds_object(v) for v in values):
                 checker = checker.ranked([self.root, rest])
             check = fa.compile(checker._value(rest, pointer, refs), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
             kept = [v for v in values if check.matches(_canonical_text(v, checker.key_rank).encode())]

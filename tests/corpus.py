@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import jsonschema
 from paths import DATA  # noqa: E402
 
-from constrain.schema import mentions_not, negated_required, ranked_names  # the key order the writing rules give (not validity)
+from constrain.schema import mentions_not, negated, ranked_names  # the key order the writing rules give (not validity)
 
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
@@ -270,6 +270,11 @@ class CanonicalWriter:
             for part in schema["allOf"]:
                 self._flatten(part, data, out, chain)
             return
+        if "not" in schema and negated(schema["not"]) not in (None, True, False):
+            # as the compiler: a `not` with an exact positive form is that form, after the rest (`schema.negated`)
+            self._flatten({k: v for k, v in schema.items() if k != "not"}, data, out, chain)
+            self._flatten(negated(schema["not"]), data, out, chain)
+            return
         out.append(schema)
 
     def _conjuncts(self, schemas: list[Any], data: Any, rank: dict[str, int] | None) -> tuple[list[dict], dict[str, int] | None]:
@@ -300,9 +305,9 @@ class CanonicalWriter:
                 expanded.add((key, i))
                 branches = flat[i][key]
                 self._flatten(next((b for b in branches if self._valid(b, data)), branches[0]), data, flat)
-        # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text) or the
-        # compiler rewrites it without the universe (an operand that only asks for names: `negated_required`)
-        if any("not" in c and negated_required(c["not"]) is None for c in flat) and not any("const" in c or "enum" in c for c in flat):
+        # a `not` ranks the keys of the whole value, except where an enum/const writes it (the enum's own text); one
+        # the compiler rewrites without the universe (`schema.negated`) was replaced by its positive form in `_flatten`
+        if any("not" in c and negated(c["not"]) is None for c in flat) and not any("const" in c or "enum" in c for c in flat):
             rank = self._ranked(rank, [self.root, _merged_view(flat)])
         return flat, rank
 

@@ -153,7 +153,7 @@ def test_writer_ranks_keys_under_not_schema_wide():
 
 
 def test_writer_keeps_schema_order_under_a_not_of_names():
-    # `not: {required: [...]}` is compiled without the universe (`negated_required`): no ranking, declared order
+    # `not: {required: [...]}` is compiled without the universe (`negated`): no ranking, declared order
     schema = {"$defs": {"d": {"properties": {"a": {}, "c": {}}}},
               "properties": {"o": {"properties": {"b": {}, "a": {}}, "not": {"required": ["c"]}}}}
     text = _text(schema, {"o": {"a": 2, "b": 1}})

@@ -134,6 +134,14 @@ def test_allof_intersects_types_bounds_and_enums():
     check({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, ['"ab"', '"axb"'], ['"a"', '"b"'])
 
 
+def test_enum_objects_are_filtered_whatever_their_key_order():
+    # the filter writes each listed object and the other keywords' objects in one key order: an enum object whose
+    # keys are not in `properties` order is kept when valid (it was refused as "no JSON value") and written as listed
+    schema = {"allOf": [{"enum": [{"b": 1, "a": 2}, {"b": 1, "a": "x"}]}, {"properties": {"a": {"type": "integer"}, "b": {}}}]}
+    check(schema, ['{"b":1,"a":2}'], ['{"a":2,"b":1}', '{"b":1,"a":"x"}'])
+    check({"enum": [[{"b": 1, "a": 2}]], "items": {"properties": {"a": {"type": "integer"}, "b": {}}}}, ['[{"b":1,"a":2}]'], ["[]"])
+
+
 def test_allof_closed_object_governs_the_other_parts_properties():
     schema = {"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]}
     check(schema, ['{"a":1}', "{}"], ['{"b":1}', '{"a":1,"b":2}'])

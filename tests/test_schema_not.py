@@ -177,8 +177,9 @@ def test_not_objects_take_one_unnamed_key_at_most():
     assert dfa.matches(b'{"x":1}') and not dfa.matches(b'{"x":1,"y":2}') and not dfa.matches(b'{"x":1,"x":2}')
 
 
-# `not` of an operand that only asks for names is rewritten without the universe (`schema._negated_required`): exact
-NAMES_ONLY = [
+# `not` of an operand with an exact positive form (names, types, double negation, anyOf/allOf of such) is
+# rewritten without the universe (`schema.negated`): exact
+POSITIVE_FORMS = [
     {"not": {"required": ["a", "b"]}},
     {"type": "object", "not": {"required": ["body", "bodyValue"]}},  # JSONSchemaBench Github_trivial o91408
     {"not": {"required": ["a", "foo"], "type": "object"}},  # non-objects pass too
@@ -187,14 +188,20 @@ NAMES_ONLY = [
     {"properties": {"a": {"type": "integer"}, "b": {}}, "not": {"required": ["a", "b"], "title": "exclusive"}},
     {"if": {"required": ["a"]}, "then": {"required": ["b"]}},
     {"oneOf": [{"not": {"required": ["a"]}}, {"required": ["b"]}]},
+    {"not": {"type": "string"}},
+    {"not": {"type": ["number", "null"]}},
+    {"not": {"not": {"properties": {"a": {"type": "integer"}}, "required": ["b"]}}},
+    {"not": {"allOf": [{"type": "object"}, {"required": ["a"]}]}},
+    {"not": {"anyOf": [{"type": "array"}, {"not": {"type": "object"}}]}},
+    {"properties": {"a": {"not": {"type": "integer"}}}},  # integer without number: the universe, as before
 ]
 MANY_KEYS = [{"x": 1, "y": 2}, {"x": 1, "y": 2, "a": 1}, {"a": 1, "b": 2, "x": [1]}, {"b": "s", "x": 1, "y": {"z": 0}},
              {"id": "u", "type": "T", "body": "x"}, {"id": "u", "type": "T", "body": "x", "bodyValue": None}]
 
 
-@pytest.mark.parametrize("schema", NAMES_ONLY, ids=[json.dumps(c)[:60] for c in NAMES_ONLY])
-def test_not_of_required_names_is_exact(schema):
-    """Any key order and any number of undeclared keys: every valid value is accepted, no invalid one."""
+@pytest.mark.parametrize("schema", POSITIVE_FORMS, ids=[json.dumps(c)[:60] for c in POSITIVE_FORMS])
+def test_not_with_a_positive_form_is_exact(schema):
+    """Any key order, any number of undeclared keys: every valid value is accepted, no invalid one."""
     dfa = compile_schema(schema).dfa
     oracle = jsonschema.Draft202012Validator(schema)
     for value in VALUES + MANY_KEYS:
@@ -218,8 +225,18 @@ def test_not_is_refused_outside_json_syntax():
     from constrain.syntax import XmlArgumentsSyntax
 
     with pytest.raises(UnsupportedSchema) as info:
-        compile_schema({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, syntax=XmlArgumentsSyntax())
+        compile_schema({"type": "object", "properties": {"a": {"not": {"type": "string", "maxLength": 2}}}},
+                       syntax=XmlArgumentsSyntax())
     assert info.value.pointer == "/properties/a/not"
+
+
+def test_not_with_a_positive_form_works_outside_json_syntax():
+    from constrain.syntax import XmlArgumentsSyntax
+
+    plain = compile_schema({"type": "object", "properties": {"a": {"type": ["null", "boolean", "object", "array", "number"]}}},
+                           syntax=XmlArgumentsSyntax()).dfa
+    negated = compile_schema({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, syntax=XmlArgumentsSyntax()).dfa
+    assert fa.compile(fa.difference(plain, negated)).is_empty and fa.compile(fa.difference(negated, plain)).is_empty
 
 
 def test_contains_merged_twice_is_refused():
@@ -299,7 +316,7 @@ def test_generated_schemas_walk_to_valid_texts(schema):
 
 def test_universe_has_no_repeated_key():
     # a repeated key would be one value with two texts (json.loads keeps the last member)
-    dfa = compile_schema({"not": {"type": "string"}}).dfa
+    dfa = compile_schema({"not": {"type": "string", "maxLength": 2}}).dfa
     assert not dfa.matches(b'{"a":1,"a":2}')
     assert fa.compile(dfa).matches(b'{"a":1}')
 
