@@ -790,7 +790,16 @@ class _Compiler:
         schema, pointer, refs = self.resolve(schema, pointer, refs)
         if schema is None:  # recursion bound reached
             return fa.NOTHING
-        expr = self.point(self._value(schema, pointer, refs), pointer)
+        # every `$ref` to one definition (at one depth of recursion) gives the same expression object, which the NFA
+        # then builds once towards each continuation (`{"log": E}` and `{"exp": E}` share E's states)
+        resolved = (id(schema), refs, *key[2:]) if schema is not original else None
+        hit = self._memo.get(resolved) if resolved is not None else None
+        if hit is not None:
+            expr = hit[1]
+        else:
+            expr = self.point(self._value(schema, pointer, refs), pointer)
+            if resolved is not None:
+                self._memo[resolved] = (schema, expr)
         # the entry holds the schema itself: merged and rewritten schemas are temporary, and the id of a freed
         # one may be given to the next
         self._memo[key] = (original, expr)
