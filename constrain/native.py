@@ -1362,59 +1362,49 @@ class NativeAutomata:
 
     def determinise(
         self,
-        eps: Sequence[Sequence[int]],
-        edges: Sequence[Sequence[tuple[int, int]]],
-        classes_of_mask: dict[int, list[int]],
+        n_nodes: int,
+        eps_src: Sequence[int],
+        eps_dst: Sequence[int],
+        edge_src: Sequence[int],
+        edge_mask: Sequence[int],
+        edge_dst: Sequence[int],
+        classes_of_mask: Sequence[Sequence[int]],
         n_classes: int,
         start: int,
         final: int,
         max_states: int,
         deadline: float | None,
         cancel_flags: Sequence[ctypes.c_int32],
-        blocks: Sequence[tuple[int, tuple]] | None = None,
+        blocks: Sequence[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = (),
     ) -> tuple[int, np.ndarray | None, np.ndarray | None]:
-        """Subset construction of the NFA (`eps[n]`: epsilon successors; `edges[n]`: (symbol mask, target) pairs,
-        each mask a key of `classes_of_mask`, which lists the symbol classes it covers). `blocks`: more edges as
-        arrays, `(first node, (src, dst, label, masks))` per embedded DFA (`Dfa._edge_groups`): an edge from node
-        `first + src[g]` to `first + dst[g]` reading `masks[label[g]]`.
+        """Subset construction of the NFA of `n_nodes` nodes: epsilon moves `eps_src[i] -> eps_dst[i]` and edges
+        `edge_src[i] -> edge_dst[i]` reading mask `edge_mask[i]`, whose symbol classes `classes_of_mask` lists per
+        mask; a node's moves are taken in the order given. `blocks`: more edges, `(first node, src, dst, mask)` arrays
+        per embedded DFA (an edge from node `first + src[g]` to `first + dst[g]` reading mask `mask[g]`), after the
+        listed edges of each node.
 
         Returns (status, transitions [states x n_classes] int32 with -1 for none, accepting bool): status `DET_OK`,
         or `DET_STATES` (more than `max_states` + 1 states), `DET_TIME` (past the `time.monotonic()` instant
         `deadline`), `DET_CANCELLED` (a flag set), with no arrays. Raises MemoryError when C runs out of memory.
         """
-        n = len(eps)
-        mask_id = {m: i for i, m in enumerate(classes_of_mask)}
-        eps_off = np.zeros(n + 1, np.int32)
-        np.cumsum([len(e) for e in eps], out=eps_off[1:])
-        eps_dst = np.fromiter(chain.from_iterable(eps), np.int32, int(eps_off[-1]))
-        counts = np.fromiter(map(len, edges), np.int64, n)
-        flat = list(chain.from_iterable(edges))
-        edge_mask = np.fromiter((mask_id[m] for m, _ in flat), np.int32, len(flat))
-        edge_dst = np.fromiter((t for _, t in flat), np.int32, len(flat))
-        if blocks:
-            # each block's transitions appended after the listed edges, then every edge ordered by its source node
-            edge_src = [np.repeat(np.arange(n, dtype=np.int32), counts)]
-            edge_mask, edge_dst = [edge_mask], [edge_dst]
-            for base, (src, dst, label, masks) in blocks:
-                ids = np.fromiter((mask_id[m] for m in masks), np.int32, len(masks))
-                edge_src.append(src + np.int32(base))
-                edge_dst.append(dst + np.int32(base))
-                edge_mask.append(ids[label])
-            sources = np.concatenate(edge_src)
-            order = np.argsort(sources, kind="stable")
-            edge_mask = np.ascontiguousarray(np.concatenate(edge_mask)[order])
-            edge_dst = np.ascontiguousarray(np.concatenate(edge_dst)[order])
-            counts = np.bincount(sources, minlength=n)
-        edge_off = np.zeros(n + 1, np.int32)
-        np.cumsum(counts, out=edge_off[1:])
-        lists = list(classes_of_mask.values())
-        mask_off = np.zeros(len(lists) + 1, np.int32)
-        np.cumsum([len(c) for c in lists], out=mask_off[1:])
-        mask_cls = np.fromiter(chain.from_iterable(lists), np.int32, int(mask_off[-1]))
+        n = int(n_nodes)
+        eps_off, eps_to = _by_source(n, np.asarray(eps_src, np.int32), np.asarray(eps_dst, np.int32))
+        srcs, masks, dsts = [np.asarray(edge_src, np.int32)], [np.asarray(edge_mask, np.int32)], [np.asarray(edge_dst, np.int32)]
+        for base, src, dst, mask in blocks:
+            srcs.append(src + np.int32(base))
+            dsts.append(dst + np.int32(base))
+            masks.append(np.asarray(mask, np.int32))
+        sources = np.concatenate(srcs) if len(srcs) > 1 else srcs[0]
+        edge_off, order = _by_source(n, sources)
+        edge_mask_arr = np.ascontiguousarray((np.concatenate(masks) if len(masks) > 1 else masks[0])[order])
+        edge_dst_arr = np.ascontiguousarray((np.concatenate(dsts) if len(dsts) > 1 else dsts[0])[order])
+        mask_off = np.zeros(len(classes_of_mask) + 1, np.int32)
+        np.cumsum([len(c) for c in classes_of_mask], out=mask_off[1:])
+        mask_cls = np.fromiter(chain.from_iterable(classes_of_mask), np.int32, int(mask_off[-1]))
         flags = (ctypes.c_int64 * max(1, len(cancel_flags)))(*[ctypes.addressof(f) for f in cancel_flags])
         status = ctypes.c_int32(DET_NOMEM)
-        handle = self._det(n, eps_off.ctypes.data, eps_dst.ctypes.data, edge_off.ctypes.data, edge_mask.ctypes.data,
-                           edge_dst.ctypes.data, mask_off.ctypes.data, mask_cls.ctypes.data, n_classes, start, final,
+        handle = self._det(n, eps_off.ctypes.data, eps_to.ctypes.data, edge_off.ctypes.data, edge_mask_arr.ctypes.data,
+                           edge_dst_arr.ctypes.data, mask_off.ctypes.data, mask_cls.ctypes.data, n_classes, start, final,
                            max_states, -1.0 if deadline is None else float(deadline), flags, len(cancel_flags),
                            ctypes.byref(status))
         return self._result(handle, status.value, n_classes)
@@ -1520,6 +1510,18 @@ class NativeAutomata:
         transition."""
         return TrieWalker(self, tflat, n_classes, byte_class, trie, n_words, accepting, eos, specials,
                           special_classes)
+
+
+def _by_source(n: int, src: np.ndarray, dst: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Moves grouped by source node, each node's in the order given: `(off, dst sorted)` with `dst`, else
+    `(off, the stable order)`; node v's moves are `off[v] .. off[v + 1]`."""
+    off = np.zeros(n + 1, np.int32)
+    if len(src):
+        np.cumsum(np.bincount(src, minlength=n), out=off[1:])
+    order = np.argsort(src, kind="stable")
+    if dst is None:
+        return off, order
+    return off, np.ascontiguousarray(dst[order])
 
 
 def sparse_key(mask: np.ndarray) -> bytes:

@@ -231,18 +231,21 @@ def test_cancelling_stops_a_native_subset_construction_in_flight():
 
 def test_native_determinise_reports_each_limit():
     lib = native.automata()
-    # a -> b -> (final) over one class: three nodes, two edges
-    eps, edges = [[], [], []], [[(1, 1)], [(1, 2)], []]
-    covers = {1: [0]}
-    ok = lib.determinise(eps, edges, covers, 1, 0, 2, 10, None, [])
+    # a -> b -> (final) over one class: three nodes, two edges reading mask 0 (class 0), no epsilon moves
+    chain = (3, [], [], [0, 1], [0, 0], [1, 2], [[0]], 1)
+    ok = lib.determinise(*chain, 0, 2, 10, None, [])
     assert ok[0] == native.DET_OK and ok[1].tolist() == [[1], [2], [-1]] and ok[2].tolist() == [False, False, True]
-    assert lib.determinise(eps, edges, covers, 1, 0, 2, 1, None, [])[0] == native.DET_STATES
+    assert lib.determinise(*chain, 0, 2, 1, None, [])[0] == native.DET_STATES
     flag = ctypes.c_int32(1)
-    big_eps = [[] for _ in range(40_000)]
-    big_edges = [[(1, i + 1)] for i in range(39_999)] + [[]]
-    assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, None, [flag])[0] == native.DET_CANCELLED
+    n = 40_000
+    big = (n, [], [], list(range(n - 1)), [0] * (n - 1), list(range(1, n)), [[0]], 1)
+    assert lib.determinise(*big, 0, n - 1, 10**6, None, [flag])[0] == native.DET_CANCELLED
     late = time.monotonic() - 1.0
-    assert lib.determinise(big_eps, big_edges, covers, 1, 0, 39_999, 10**6, late, [])[0] == native.DET_TIME
+    assert lib.determinise(*big, 0, n - 1, 10**6, late, [])[0] == native.DET_TIME
+    # a block (an embedded DFA's edges as arrays) after the listed edges, and an epsilon move: 0 -eps-> 1 -a-> 2
+    mixed = lib.determinise(3, [0], [1], [], [], [], [[0]], 1, 0, 2, 10, None, [],
+                            [(1, np.array([0], np.int32), np.array([1], np.int32), np.array([0], np.int32))])
+    assert mixed[0] == native.DET_OK and mixed[1].tolist() == [[1], [-1]] and mixed[2].tolist() == [False, True]
 
 
 # -- the trie walk -----------------------------------------------------------------------------------------------
