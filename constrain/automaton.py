@@ -1835,8 +1835,13 @@ def _aligned(dfas: Sequence[Dfa]) -> tuple[tuple[int, ...], np.ndarray, list[_Gl
     columns, class_of = _unique_rows(classes.T)
     parts = []
     for i, d in enumerate(dfas):
-        table = np.concatenate([d.transitions, np.full((d.n_states, 1), -1, np.int32)], axis=1)
-        parts.append(_Glued(table[:, columns[:, i]], d.accepting, d.start))
+        own = columns[:, i]  # each joint class's class in d (d.n_classes: none)
+        if len(own) == d.n_classes and (own == np.arange(d.n_classes)).all():
+            parts.append(_Glued(d.transitions, d.accepting, d.start))  # its classes already (read, never written)
+            continue
+        table = d.transitions[:, np.minimum(own, d.n_classes - 1)]
+        table[:, own == d.n_classes] = -1
+        parts.append(_Glued(table, d.accepting, d.start))
     return specials, class_of.astype(np.int32), parts
 
 
