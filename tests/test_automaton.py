@@ -269,3 +269,38 @@ def test_json_string_escapes_spliced_into_a_dfa():
         assert dfa.matches(json.dumps(text, ensure_ascii=False).encode()), text
     for raw in [b'"\n"', b'"a\\"', b'"\\u001F"', b'"\\/"', b'"abcd"']:
         assert not dfa.matches(raw), raw
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_unique_columns_groups_equal_columns(monkeypatch, collide):
+    """Equal classes are merged by hashing columns; a hash collision (forced: all weights zero) must fall back to an
+    exact grouping, never merge two different columns."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(-1, 50, size=(300, 9)).astype(np.int32)
+    table = base[:, [0, 3, 1, 3, 8, 0, 2, 8, 5, 4, 4, 7, 6]]  # 13 columns, 9 distinct
+    if collide:
+        monkeypatch.setattr(fa, "_COLUMN_WEIGHTS", np.zeros(4096, np.int32))
+    columns, inverse = fa._unique_columns(table)
+    assert columns.shape == (300, 9)
+    assert np.array_equal(columns[:, inverse], table)
+    assert len({columns[:, j].tobytes() for j in range(columns.shape[1])}) == 9
+
+
+def test_glue_all_writes_what_pairwise_gluing_gives():
+    """`_glue_all` (one pass) against gluing two at a time with `_glue`: parts that start with a loop back to their
+    start, parts that accept at their start, and parts that overlap (None)."""
+    exprs = [fa.literal(b"ab"), fa.repeat(fa.literal(b"xy"), 0), fa.optional(fa.literal(b"q")),
+             fa.concat(fa.literal(b"c"), fa.repeat(fa.byte_set([(48, 57)]), 1)), fa.repeat(fa.literal(b"z"), 1),
+             fa.literal(b"a")]
+    dfas = [fa.compile(e) for e in exprs]
+    budget = fa._Budget(10**6, None, "")
+    for order in ([0, 1, 2, 3], [1, 4, 0], [2, 2, 3, 5], [3, 1, 4, 1, 0], [5, 0], [0, 5, 1], [1, 1], [4, 4], [0, 2, 2]):
+        _, _, parts = fa._aligned([dfas[i] for i in order])
+        one = fa._glue_all(parts, budget)
+        two = parts[0]
+        for part in parts[1:]:
+            two = None if two is None else fa._glue(two, part)
+        assert (one is None) == (two is None), order
+        if one is not None:
+            assert np.array_equal(one.table, two.table) and np.array_equal(one.accepting, two.accepting), order
+            assert one.start == two.start, order
