@@ -2371,6 +2371,17 @@ def _chain(parts: Sequence[_Bytes], budget: _Budget) -> Dfa:
         return _empty_dfa()
     budget.check(len(parts) + 1)
     masks = {m: i for i, m in enumerate(dict.fromkeys(p.mask for p in parts))}
+    accepting = np.zeros(len(parts) + 1, bool)
+    accepting[-1] = True
+    if len(masks) < N_BYTES and all(m & (m - 1) == 0 for m in masks):
+        # literal text (one byte a part): a class per byte it uses, after the class of every other byte
+        class_of_mask = {m: c for c, m in enumerate(masks, 1)}
+        class_of = np.zeros(N_BYTES, np.int32)
+        class_of[[m.bit_length() - 1 for m in masks]] = np.arange(1, len(masks) + 1, dtype=np.int32)
+        table = np.full((len(parts) + 1, len(masks) + 1), -1, np.int32)
+        steps = np.arange(len(parts))
+        table[steps, [class_of_mask[p.mask] for p in parts]] = steps + 1
+        return Dfa(table, accepting, class_of, (), 0)
     raw = np.frombuffer(b"".join(m.to_bytes(N_BYTES // 8, "little") for m in masks), np.uint8)
     bits = np.unpackbits(raw.reshape(len(masks), N_BYTES // 8), axis=1, bitorder="little")  # [mask, byte]
     columns, class_of = _unique_rows(np.ascontiguousarray(bits.T))
@@ -2378,8 +2389,6 @@ def _chain(parts: Sequence[_Bytes], budget: _Budget) -> Dfa:
     inside = columns.astype(bool)  # [class, distinct mask]
     for i, p in enumerate(parts):
         table[i, inside[:, masks[p.mask]]] = i + 1
-    accepting = np.zeros(len(parts) + 1, bool)
-    accepting[-1] = True
     # classes with equal columns were merged by construction (a class is a distinct membership pattern)
     return Dfa(table, accepting, class_of.astype(np.int32), (), 0)
 
