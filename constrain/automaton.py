@@ -1407,7 +1407,8 @@ def _unique_columns(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     A column's key is one wrapping int32 dot product with fixed weights, read off the table as it lies (no transposed
     copy to sort by raw bytes), and columns with equal keys are checked to be equal (a collision falls back to
-    `_unique_rows`). `required_50`'s 3,801 x 106 table: 2.4 -> 0.3 ms."""
+    `_unique_rows`). `required_50`'s 3,801 x 106 table after minimisation (73 distinct columns), median of 41:
+    3.75 -> 0.74 ms."""
     global _COLUMN_WEIGHTS
     table = np.ascontiguousarray(table, dtype=np.int32)
     n, k = table.shape
@@ -2374,13 +2375,12 @@ def _chain(parts: Sequence[_Bytes], budget: _Budget) -> Dfa:
     accepting = np.zeros(len(parts) + 1, bool)
     accepting[-1] = True
     if len(masks) < N_BYTES and all(m & (m - 1) == 0 for m in masks):
-        # literal text (one byte a part): a class per byte it uses, after the class of every other byte
-        class_of_mask = {m: c for c, m in enumerate(masks, 1)}
+        # literal text (one byte a part): class 1 + i for the i-th byte it uses, class 0 for every other byte
         class_of = np.zeros(N_BYTES, np.int32)
         class_of[[m.bit_length() - 1 for m in masks]] = np.arange(1, len(masks) + 1, dtype=np.int32)
         table = np.full((len(parts) + 1, len(masks) + 1), -1, np.int32)
         steps = np.arange(len(parts))
-        table[steps, [class_of_mask[p.mask] for p in parts]] = steps + 1
+        table[steps, [masks[p.mask] + 1 for p in parts]] = steps + 1
         return Dfa(table, accepting, class_of, (), 0)
     raw = np.frombuffer(b"".join(m.to_bytes(N_BYTES // 8, "little") for m in masks), np.uint8)
     bits = np.unpackbits(raw.reshape(len(masks), N_BYTES // 8), axis=1, bitorder="little")  # [mask, byte]

@@ -1388,16 +1388,16 @@ class NativeAutomata:
         `deadline`), `DET_CANCELLED` (a flag set), with no arrays. Raises MemoryError when C runs out of memory.
         """
         n = int(n_nodes)
-        eps_off, eps_to = _by_source(n, np.asarray(eps_src, np.int32), np.asarray(eps_dst, np.int32))
+        eps_off, order = _by_source(n, np.asarray(eps_src, np.int32))
+        eps_to = np.asarray(eps_dst, np.int32)[order]
         srcs, masks, dsts = [np.asarray(edge_src, np.int32)], [np.asarray(edge_mask, np.int32)], [np.asarray(edge_dst, np.int32)]
         for base, src, dst, mask in blocks:
             srcs.append(src + np.int32(base))
             dsts.append(dst + np.int32(base))
             masks.append(np.asarray(mask, np.int32))
-        sources = np.concatenate(srcs) if len(srcs) > 1 else srcs[0]
-        edge_off, order = _by_source(n, sources)
-        edge_mask_arr = np.ascontiguousarray((np.concatenate(masks) if len(masks) > 1 else masks[0])[order])
-        edge_dst_arr = np.ascontiguousarray((np.concatenate(dsts) if len(dsts) > 1 else dsts[0])[order])
+        edge_off, order = _by_source(n, np.concatenate(srcs))
+        edge_mask_arr = np.concatenate(masks)[order]
+        edge_dst_arr = np.concatenate(dsts)[order]
         mask_off = np.zeros(len(classes_of_mask) + 1, np.int32)
         np.cumsum([len(c) for c in classes_of_mask], out=mask_off[1:])
         mask_cls = np.fromiter(chain.from_iterable(classes_of_mask), np.int32, int(mask_off[-1]))
@@ -1512,16 +1512,13 @@ class NativeAutomata:
                           special_classes)
 
 
-def _by_source(n: int, src: np.ndarray, dst: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Moves grouped by source node, each node's in the order given: `(off, dst sorted)` with `dst`, else
-    `(off, the stable order)`; node v's moves are `off[v] .. off[v + 1]`."""
+def _by_source(n: int, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Moves grouped by source node, each node's in the order given: `(off, order)`, node v's moves being
+    `order[off[v] .. off[v + 1]]` (a stable sort by source)."""
     off = np.zeros(n + 1, np.int32)
     if len(src):
         np.cumsum(np.bincount(src, minlength=n), out=off[1:])
-    order = np.argsort(src, kind="stable")
-    if dst is None:
-        return off, order
-    return off, np.ascontiguousarray(dst[order])
+    return off, np.argsort(src, kind="stable")
 
 
 def sparse_key(mask: np.ndarray) -> bytes:

@@ -1060,15 +1060,14 @@ class _Compiler:
         if "enum" in schema or "const" in schema:
             return self.enum(schema, pointer, refs)
         if "not" in schema:
+            rest = {k: v for k, v in schema.items() if k != "not"}
             positive = negated(schema["not"])
             if positive is not None:
                 if positive is False:
                     return fa.NOTHING
-                rest = {k: v for k, v in schema.items() if k != "not"}
                 return self.value({"allOf": [rest, positive]} if rest else positive, pointer, refs)
             # both sides under one key ranking, so that an object has one text in each (see `complement`)
             ranked = self.ranked([self.root, schema])
-            rest = {k: v for k, v in schema.items() if k != "not"}
             negative = ranked.complement(schema["not"], join_pointer(pointer, "not"), refs)
             if all(k in ANNOTATIONS or k not in APPLIED and k not in ("_patterns", "_formats", "_absent", "_sides") for k in rest):
                 return negative

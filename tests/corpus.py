@@ -270,10 +270,11 @@ class CanonicalWriter:
             for part in schema["allOf"]:
                 self._flatten(part, data, out, chain)
             return
-        if "not" in schema and negated(schema["not"]) not in (None, True, False):
+        positive = negated(schema["not"]) if "not" in schema else None
+        if positive not in (None, True, False):
             # as the compiler: a `not` with an exact positive form is that form, after the rest (`schema.negated`)
             self._flatten({k: v for k, v in schema.items() if k != "not"}, data, out, chain)
-            self._flatten(negated(schema["not"]), data, out, chain)
+            self._flatten(positive, data, out, chain)
             return
         out.append(schema)
 
