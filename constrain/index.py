@@ -775,11 +775,19 @@ class TokenIndex:
                 row_of_u[u] = r
             first = len(rows)
             rows.extend([None] * len(new))
-            for u in dense:
-                words = np.zeros(self._n_words, np.int32)
-                part = pairs[bounds[u] // 8 : bounds[u + 1] // 8]
-                words[part[:, 0]] = part[:, 1]
-                row_of_u[u] = self._insert_row(words, b"f" + words.tobytes())  # (`native.sparse_key`'s dense form)
+            if dense:  # made side by side in one block (a new one's row is a view of it)
+                block = np.zeros((len(dense), self._n_words), np.int32)
+                lens = (off[np.asarray(dense) + 1] - off[dense]) // 2
+                at = np.concatenate([np.arange(off[u] // 2, off[u + 1] // 2) for u in dense])
+                block[np.repeat(np.arange(len(dense)), lens), pairs[at, 0]] = pairs[at, 1]
+                block.flags.writeable = False
+                for i, u in enumerate(dense):
+                    key = b"f" + block[i].tobytes()  # (`native.sparse_key`'s dense form)
+                    r = row_key.get(key)
+                    if r is None:
+                        r = row_key[key] = len(rows)
+                        rows.append(block[i])
+                    row_of_u[u] = r
             lazy_from = min(len(new), _EAGER_ROWS)
             if lazy_from < len(new):  # rows of an earlier batch may still wait on their words: these go after them
                 base = self._pending_pairs.shape[0] if pending else 0

@@ -271,17 +271,21 @@ def test_json_string_escapes_spliced_into_a_dfa():
         assert not dfa.matches(raw), raw
 
 
-@pytest.mark.parametrize("collide", [False, True])
-def test_unique_columns_groups_equal_columns(monkeypatch, collide):
-    """Equal classes are merged by hashing columns; a hash collision (forced: all weights zero) must fall back to an
-    exact grouping, never merge two different columns."""
+@pytest.mark.parametrize("n", [300, 9000])
+@pytest.mark.parametrize("keys", ["float", "int64", "collide"])
+def test_unique_columns_groups_equal_columns(monkeypatch, keys, n):
+    """Equal classes are merged by hashing columns (float64 keys, exact for a DFA table of this size; int64 keys
+    beyond); a hash collision (forced: all weights zero) must fall back to an exact grouping, never merge two
+    different columns."""
     rng = np.random.default_rng(7)
-    base = rng.integers(-1, 50, size=(300, 9)).astype(np.int32)
+    base = rng.integers(-1, n, size=(n, 9)).astype(np.int32)
     table = base[:, [0, 3, 1, 3, 8, 0, 2, 8, 5, 4, 4, 7, 6]]  # 13 columns, 9 distinct
-    if collide:
-        monkeypatch.setattr(fa, "_COLUMN_WEIGHTS", np.zeros(4096, np.int32))
+    if keys == "collide":
+        monkeypatch.setattr(fa, "_COLUMN_WEIGHTS", np.zeros(max(n, 4096), np.int32))
+    if keys == "int64":
+        monkeypatch.setattr(fa, "_FLOAT_KEYS_MAX", 0)
     columns, inverse = fa._unique_columns(table)
-    assert columns.shape == (300, 9)
+    assert columns.shape == (n, 9)
     assert np.array_equal(columns[:, inverse], table)
     assert len({columns[:, j].tobytes() for j in range(columns.shape[1])}) == 9
 
