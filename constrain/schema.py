@@ -538,6 +538,143 @@ def mentions_not(node: Any) -> bool:
 _JSON_TYPES = ("null", "boolean", "object", "array", "string", "number")
 
 
+# Kinds of JSON values, for reading off a schema which ones it admits: numbers split into integral and fractional.
+_KINDS = frozenset(("null", "boolean", "object", "array", "string", "integral", "fractional"))
+_KINDS_OF_TYPE = {"null": {"null"}, "boolean": {"boolean"}, "object": {"object"}, "array": {"array"},
+                  "string": {"string"}, "integer": {"integral"}, "number": {"integral", "fractional"}}
+# How deep `disjoint_branches` follows a required property's schemas (a discriminator's value, its own properties).
+_DISJOINT_DEPTH = 3
+
+
+def _kind_of(value: Any) -> frozenset[str]:
+    if value is None:
+        return frozenset(("null",))
+    if isinstance(value, bool):
+        return frozenset(("boolean",))
+    if isinstance(value, int):
+        return frozenset(("integral",))
+    if isinstance(value, float):  # (1.0 is an integer from draft 6 on, not in draft 4: either)
+        return frozenset(("integral", "fractional")) if value.is_integer() else frozenset(("fractional",))
+    if isinstance(value, str):
+        return frozenset(("string",))
+    return frozenset(("array",)) if isinstance(value, list) else frozenset(("object",))
+
+
+class _Facts:
+    """What every value valid against a conjunction of schemas has, read off a few keywords (everything else may
+    only narrow it further): its kinds, the only values it may be (None: not a finite list), and for objects the
+    names it requires, the names it forbids and the schemas a present name's value meets."""
+
+    __slots__ = ("kinds", "values", "required", "forbidden", "closed", "props")
+
+    def __init__(self) -> None:
+        self.kinds: frozenset[str] = _KINDS
+        self.values: list[Any] | None = None
+        self.required: set[str] = set()
+        self.forbidden: set[str] = set()
+        self.closed: list[set[str]] = []  # per closed part (additionalProperties false, no patternProperties): its names
+        self.props: dict[str, list[Any]] = {}
+
+    def add(self, schema: Any, lookup: Callable[[str], Any], seen: frozenset[str] = frozenset()) -> None:
+        """Conjoin `schema` (a `$ref` followed through `lookup`, its siblings left out: they only narrow)."""
+        if schema is False:
+            self.kinds = frozenset()
+            return
+        if not isinstance(schema, dict):
+            return
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            if ref not in seen:
+                self.add(lookup(ref), lookup, seen | {ref})
+            return
+        t = schema.get("type")
+        named = t if isinstance(t, list) else [t] if isinstance(t, str) else None
+        if named is not None:
+            self.kinds &= frozenset(k for n in named for k in _KINDS_OF_TYPE.get(n, _KINDS))
+        listed = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else None
+        if listed is not None:
+            self.values = listed if self.values is None else [v for v in self.values if any(_json_equal(v, w) for w in listed)]
+        if self.values is not None:
+            self.kinds &= frozenset(k for v in self.values for k in _kind_of(v))
+        if isinstance(schema.get("required"), list):
+            self.required.update(n for n in schema["required"] if isinstance(n, str))
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        for name, sub in props.items():
+            if sub is False:
+                self.forbidden.add(name)
+            else:
+                self.props.setdefault(name, []).append(sub)
+        if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
+            self.closed.append(set(props))
+        for part in schema.get("allOf") if isinstance(schema.get("allOf"), list) else ():
+            self.add(part, lookup, seen)
+        if "not" in schema:
+            positive = negated(schema["not"])
+            if positive is not None and positive is not True:
+                self.add(positive, lookup, seen)
+
+    def forbids(self, name: str) -> bool:
+        return name in self.forbidden or any(name not in names for names in self.closed)
+
+
+def _facts(schemas: list[Any], lookup: Callable[[str], Any], memo: dict[tuple[int, ...], _Facts]) -> _Facts:
+    key = tuple(id(s) for s in schemas)  # (the schemas outlive the call that memoises them)
+    facts = memo.get(key)
+    if facts is None:
+        facts = memo[key] = _Facts()
+        for s in schemas:
+            facts.add(s, lookup)
+    return facts
+
+
+def _disjoint(a: _Facts, b: _Facts, lookup: Callable[[str], Any], depth: int, memo: dict) -> bool:
+    """Whether no value has both `a` and `b` (False when the keywords read do not show it)."""
+    both = a.kinds & b.kinds
+    if not both:
+        return True
+    if a.values is not None and b.values is not None and not any(_json_equal(x, y) for x in a.values for y in b.values):
+        return True
+    if not both <= {"object"}:
+        return False
+    for name in a.required | b.required:  # present in every value of one side
+        if a.forbids(name) or b.forbids(name):
+            return True
+        if depth and name in a.props and name in b.props and _disjoint(
+                _facts(a.props[name], lookup, memo), _facts(b.props[name], lookup, memo), lookup, depth - 1, memo):
+            return True
+    return False
+
+
+# `disjoint_branches` reads a oneOf of at most this many branches (a merged cross product can hold hundreds: the
+# pairs grow as their square).
+_DISJOINT_MAX_BRANCHES = 64
+
+
+def disjoint_branches(rest: Any, branches: list[Any], lookup: Callable[[str], Any]) -> bool:
+    """Whether no value is valid against two of `branches` (each with `rest`), read off the keywords: different
+    kinds (`type`, `enum`, `const`), no common listed value, or for objects a name one branch requires that the other
+    forbids (`additionalProperties: false` without `patternProperties`, or a `false` property) or whose value the two
+    keep apart (a discriminator: `const`s, types, recursively). Only `rest`'s kinds, listed values and required
+    names are read (as the compiler's merged schema and the corpus writer's conjunction both give them). Such a
+    `oneOf` is its `anyOf`: it needs no key ranking and no products (docs/guarantees.md). False when unsure, and
+    beyond `_DISJOINT_MAX_BRANCHES` branches; `lookup` resolves a `$ref` (None: unknown)."""
+    if len(branches) > _DISJOINT_MAX_BRANCHES:
+        return False
+    memo: dict[tuple[int, ...], _Facts] = {}
+    around = _facts([rest], lookup, memo)
+    sides = []
+    for branch in branches:
+        f = _Facts()
+        f.add(branch, lookup)
+        f.kinds &= around.kinds
+        f.required |= around.required
+        if around.values is not None:
+            f.values = around.values if f.values is None else [v for v in f.values if any(_json_equal(v, w) for w in around.values)]
+        sides.append(f)
+    return all(_disjoint(sides[i], sides[j], lookup, _DISJOINT_DEPTH, memo)
+               for i in range(len(sides)) for j in range(i + 1, len(sides)))
+
+
 def negated(operand: Any) -> Any:
     """The exact positive form of `not: operand`, where one needs no complement, else None. True and False stand for
     every value and none.
@@ -733,16 +870,17 @@ class _Compiler:
             raise UnsupportedSchema(message, pointer=pointer)
         self.relaxed.append((pointer, message))
 
+    def lookup_or_none(self, ref: str) -> Any:
+        """The subschema `ref` points to, None when it does not resolve (the compile itself reports a bad `$ref`
+        where it meets it)."""
+        try:
+            return self.lookup(ref, "")[0]
+        except (InvalidSchema, UnsupportedSchema):
+            return None
+
     def ranked(self, schemas: list[Any]) -> "_Compiler":
         """This compiler with a key ranking covering every property name mentioned in `schemas` (see `key_rank`)."""
-
-        def lookup(ref: str) -> Any:
-            try:
-                return self.lookup(ref, "")[0]
-            except (InvalidSchema, UnsupportedSchema):
-                return None  # the compile itself reports a bad $ref where it meets it
-
-        rank = ranked_names(schemas, self.key_rank, lookup)
+        rank = ranked_names(schemas, self.key_rank, self.lookup_or_none)
         # No new name: the same ranking. An empty one orders nothing, so it is no ranking at all, and the plain
         # automata (the shared free-form value: 10 ms on nested_table's `oneOf`s over `{"type": "array"}`) serve.
         if len(rank) == len(self.key_rank or ()):
@@ -1041,15 +1179,17 @@ class _Compiler:
                 if not isinstance(branches, list) or not branches:
                     raise InvalidSchema(f"'{key}' must be a non-empty array", pointer=join_pointer(pointer, key))
                 rest = {k: v for k, v in schema.items() if k != key}
-                compiler = self if key == "anyOf" else self.ranked([rest, *branches])
-                if key == "oneOf" and mentions_not([rest, *branches]):
+                # a oneOf whose branches no value satisfies two of is their union, in every branch's own key order
+                union = key == "anyOf" or disjoint_branches(rest, branches, self.lookup_or_none)
+                compiler = self if union else self.ranked([rest, *branches])
+                if not union and mentions_not([rest, *branches]):
                     compiler = self.ranked([self.root, rest, *branches])
                 exprs = []
                 for i, branch in enumerate(branches):
                     bp = join_pointer(pointer, key, i)
                     combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
                     exprs.append(compiler.value(combined, bp, refs))
-                if key == "anyOf":
+                if union:
                     return fa.union(*exprs)
                 if mentions_not([rest, *branches]):
                     # a branch with `not` writes its values only in the universe's form: so must the others, or a

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import jsonschema
 from paths import DATA  # noqa: E402
 
-from constrain.schema import mentions_not, negated, ranked_names  # the key order the writing rules give (not validity)
+from constrain.schema import disjoint_branches, mentions_not, negated, ranked_names  # the key order the writing rules give (not validity)
 
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
@@ -200,8 +200,9 @@ class CanonicalWriter:
     Object keys: the declared properties in schema order (after `$ref`; `allOf`: the parent's, then each part's new
     ones; `anyOf`/`oneOf`: then the first branch the instance validates against; dependencies and `if`/`then`/`else`
     as the allOf parts the compiler rewrites them to), then required names that no `properties` declares, in
-    `required` order, then undeclared keys in the instance's order. Below a `oneOf` every object, at any depth, orders
-    the names the oneOf mentions by their first mention there (unnamed keys last); under `not` (and a `oneOf` that
+    `required` order, then undeclared keys in the instance's order. Below a `oneOf` (but one whose branches no value
+    satisfies two of, `schema.disjoint_branches`: written as an anyOf) every object, at any depth, orders the names
+    the oneOf mentions by their first mention there (unnamed keys last); under `not` (and a `oneOf` that
     mentions one, the `else` side of `if`, the elements of a `maxContains` array) by the schema-wide ranking of every
     name the schema mentions (constrain/schema.py `_Compiler.ranked`). A key's value is
     written under its `properties` entry and every `patternProperties` entry it matches, else `additionalProperties`.
@@ -296,12 +297,15 @@ class CanonicalWriter:
             else:
                 break
             if key == "oneOf":
-                rest = _merged_view([{k: v for k, v in c.items() if k not in ("anyOf", "oneOf")} for c in flat])
+                others = [{k: v for k, v in c.items() if k not in ("anyOf", "oneOf")} for c in flat]
+                rest = _merged_view(others)
                 combos: list[list[Any]] = [[]]
                 for i in todo:
                     combos = [[*combo, b] for combo in combos for b in flat[i][key]]
                 nodes = [rest, *combos]
-                rank = self._ranked(rank, [self.root, *nodes] if mentions_not(nodes) else nodes)
+                # (a oneOf no value satisfies two branches of is written as its anyOf: `schema.disjoint_branches`)
+                if not disjoint_branches({"allOf": others}, [{"allOf": combo} for combo in combos], self._lookup_or_none):
+                    rank = self._ranked(rank, [self.root, *nodes] if mentions_not(nodes) else nodes)
             for i in todo:
                 expanded.add((key, i))
                 branches = flat[i][key]
@@ -312,17 +316,16 @@ class CanonicalWriter:
             rank = self._ranked(rank, [self.root, _merged_view(flat)])
         return flat, rank
 
+    def _lookup_or_none(self, ref: str) -> Any:
+        try:
+            return self._lookup(ref)
+        except NotCanonicalisable:
+            return None
+
     def _ranked(self, rank: dict[str, int] | None, nodes: list[Any]) -> dict[str, int]:
         """`rank` extended by every property name `nodes` mention, in the order of first mention (`properties`,
         `required`, strings listed in `propertyNames`, dependencies; local `$ref`s followed where they occur)."""
-
-        def lookup(ref: str) -> Any:
-            try:
-                return self._lookup(ref)
-            except NotCanonicalisable:
-                return None
-
-        return ranked_names(nodes, rank, lookup)
+        return ranked_names(nodes, rank, self._lookup_or_none)
 
     def _valid(self, schema: Any, data: Any) -> bool:
         try:
