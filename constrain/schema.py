@@ -600,8 +600,8 @@ class _Facts:
             self.required.update(n for n in schema["required"] if isinstance(n, str))
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         for name, sub in props.items():
-            if sub is False:
-                self.forbidden.add(name)
+            if sub is False or isinstance(sub, dict) and "not" in sub and negated(sub["not"]) is False:
+                self.forbidden.add(name)  # (`{"not": {}}` too)
             else:
                 self.props.setdefault(name, []).append(sub)
         if schema.get("additionalProperties") is False and not schema.get("patternProperties"):

@@ -35,6 +35,8 @@ CASES = [
     ({"type": "object"}, [{"properties": {"a": {}}, "additionalProperties": False, "patternProperties": {"^b": {}}},
                           {"required": ["b"]}], False),
     ({"type": "object"}, [{"properties": {"b": False}}, {"required": ["b"]}], True),
+    ({"type": "object"}, [{"properties": {"b": {"not": {}}}}, {"required": ["b"]}], True),
+    ({"type": "object"}, [{"properties": {"b": {"not": {"type": "string"}}}}, {"required": ["b"]}], False),
     ({"type": "object"}, [{"properties": {"a": {}}}, {"required": ["b"]}], False),  # open: {"b": 1} passes both
     # discriminators
     ({"type": "object"}, [{"properties": {"kind": {"const": "x"}}, "required": ["kind"]},
