@@ -565,9 +565,14 @@ class _Facts:
     only narrow it further): its kinds, the only values it may be (None: not a finite list), and for objects the
     names it requires, the names it forbids and the schemas a present name's value meets."""
 
-    __slots__ = ("kinds", "values", "required", "forbidden", "closed", "props")
+    __slots__ = ("kinds", "values", "required", "forbidden", "closed", "props", "visits")
+
+    # Subschemas read at most (a DAG of `allOf`s over `$ref`s can name exponentially many paths); the facts of the
+    # ones read hold whatever the others add, so stopping early only weakens them.
+    _MAX_VISITS = 2048
 
     def __init__(self) -> None:
+        self.visits = self._MAX_VISITS
         self.kinds: frozenset[str] = _KINDS
         self.values: list[Any] | None = None
         self.required: set[str] = set()
@@ -577,6 +582,9 @@ class _Facts:
 
     def add(self, schema: Any, lookup: Callable[[str], Any], seen: frozenset[str] = frozenset()) -> None:
         """Conjoin `schema` (a `$ref` followed through `lookup`, its siblings left out: they only narrow)."""
+        self.visits -= 1
+        if self.visits < 0:
+            return
         if schema is False:
             self.kinds = frozenset()
             return

@@ -88,6 +88,19 @@ def test_refs_are_followed_and_cycles_end():
     assert not disjoint_branches({}, [{"$ref": "#/$defs/loop", "type": "integer"}, {"type": "string"}], lookup)
 
 
+def test_a_dag_of_refs_is_read_in_bounded_time():
+    """40 levels of `allOf` naming the next level twice: 2^40 paths; the reading stops after a bounded number of
+    subschemas, and the facts read so far (the first path reaches the integer leaf) still hold."""
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(40)}
+    defs["d40"] = {"type": "integer"}
+
+    def lookup(ref: str):
+        return defs.get(ref.rsplit("/", 1)[-1])
+
+    assert disjoint_branches({}, [{"$ref": "#/$defs/d0"}, {"type": "string"}], lookup) is True
+    assert disjoint_branches({}, [{"allOf": [{"type": "string"}, {"$ref": "#/$defs/d0"}]}, {"type": "integer"}], lookup)
+
+
 # ---- soundness: a claim of disjointness is never contradicted by a value
 
 NAMES = ["a", "b", "k"]
