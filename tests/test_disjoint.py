@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpus import CanonicalWriter, walk_violations
+from corpus import CanonicalWriter, NotCanonicalisable, walk_violations
+from constrain.errors import UnsupportedSchema
 from constrain.schema import compile_schema, disjoint_branches
 
 
@@ -189,3 +190,28 @@ def test_disjoint_oneof_compiles_as_its_union(schema):
                {"kind": "square"}, "abc", "abcd", {"kind": "circle"}, {"reference_id": "r", "mode": "custom"}]
     for value in samples:
         assert dfa.matches(writer.text(value)) == oracle.is_valid(value), value
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rest=st.one_of(st.just({}), st.just({"type": "object"}), st.just({"type": "object", "required": ["k"]})),
+       branches=st.lists(branch, min_size=2, max_size=3))
+def test_compiled_disjoint_oneof_agrees_with_python_jsonschema(rest, branches):
+    """End to end: a oneOf the reading finds disjoint, compiled (as its union) and written by the corpus writer
+    (which must take the same key order), accepts exactly the pool's valid values."""
+    if not disjoint_branches(rest, branches, _no_refs):
+        return
+    schema = {**rest, "oneOf": branches}
+    oracle = jsonschema.Draft202012Validator(schema)
+    try:
+        dfa = compile_schema(schema).dfa
+    except UnsupportedSchema as err:  # only an empty language, and then no value of the pool is valid either
+        assert "no JSON value" in str(err)
+        assert not [v for v in VALUES if oracle.is_valid(v)]
+        return
+    writer = CanonicalWriter(schema)
+    for value in VALUES:
+        try:
+            text = writer.text(value)
+        except NotCanonicalisable:
+            continue
+        assert dfa.matches(text) == oracle.is_valid(value), (value, text)
