@@ -761,7 +761,7 @@ class TokenIndex:
             row_key, rows, pending = self._row_key, self._rows, self._pending
             row_of_u = [0] * n_uniq
             new: list[int] = []  # the distinct masks that are new rows, in the states' breadth-first order
-            dense: list[int] = []  # those with more nonzero words than a sparse key holds: keyed by `_insert_row`
+            dense: list[int] = []  # those with more nonzero words than a sparse key holds: keyed by all their words
             for u in range(n_uniq):
                 lo, hi = bounds[u], bounds[u + 1]
                 if hi - lo > 8 * _native.SPARSE_MAX:
@@ -775,11 +775,9 @@ class TokenIndex:
                 row_of_u[u] = r
             first = len(rows)
             rows.extend([None] * len(new))
+            pair_off = off // 2
             if dense:  # made side by side in one block (a new one's row is a view of it)
-                block = np.zeros((len(dense), self._n_words), np.int32)
-                lens = (off[np.asarray(dense) + 1] - off[dense]) // 2
-                at = np.concatenate([np.arange(off[u] // 2, off[u + 1] // 2) for u in dense])
-                block[np.repeat(np.arange(len(dense)), lens), pairs[at, 0]] = pairs[at, 1]
+                block = self._rows_block(np.asarray(dense, np.int64), pair_off, pairs)
                 block.flags.writeable = False
                 for i, u in enumerate(dense):
                     key = b"f" + block[i].tobytes()  # (`native.sparse_key`'s dense form)
@@ -792,11 +790,11 @@ class TokenIndex:
             if lazy_from < len(new):  # rows of an earlier batch may still wait on their words: these go after them
                 base = self._pending_pairs.shape[0] if pending else 0
                 self._pending_pairs = np.concatenate([self._pending_pairs, pairs]) if pending else pairs
-                pair_at = (off // 2 + base).tolist()
+                pair_at = (pair_off + base).tolist()
                 for i in range(lazy_from, len(new)):
                     u = new[i]
                     pending[first + i] = (pair_at[u], pair_at[u + 1])
-            self._make_rows(first, np.asarray(new[:lazy_from], np.int64), off // 2, pairs)
+            self._make_rows(first, np.asarray(new[:lazy_from], np.int64), pair_off, pairs)
             done = local >= 0
             row_of = np.asarray(self._row_of, np.int64)
             row_of[states[done]] = np.asarray(row_of_u, np.int64)[local[done]]
@@ -808,14 +806,20 @@ class TokenIndex:
         per_block = max(1, ((4 << 20) - 4096) // (4 * self._n_words))  # under 4 MiB: no huge pages (_EAGER_ROWS)
         for lo in range(0, uniq.shape[0], per_block):
             chunk = uniq[lo : lo + per_block]
-            lens = pair_off[chunk + 1] - pair_off[chunk]
-            ends = lens.cumsum()
-            at = np.arange(int(ends[-1]) if lens.shape[0] else 0) + np.repeat(pair_off[chunk] - (ends - lens), lens)
-            block = np.zeros((chunk.shape[0], self._n_words), np.int32)
-            block[np.repeat(np.arange(chunk.shape[0]), lens), pairs[at, 0]] = pairs[at, 1]
+            block = self._rows_block(chunk, pair_off, pairs)
             _native.populate(block)
             block.flags.writeable = False
             self._rows[first + lo : first + lo + chunk.shape[0]] = list(block)
+
+    def _rows_block(self, uniq: np.ndarray, pair_off: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """The masks `uniq` side by side (int32 [len(uniq), n_words]), mask u being the nonzero words
+        `pairs[pair_off[u] : pair_off[u + 1]]` (word index, value)."""
+        lens = pair_off[uniq + 1] - pair_off[uniq]
+        ends = lens.cumsum()
+        at = np.arange(int(ends[-1]) if lens.shape[0] else 0) + np.repeat(pair_off[uniq] - (ends - lens), lens)
+        block = np.zeros((uniq.shape[0], self._n_words), np.int32)
+        block[np.repeat(np.arange(uniq.shape[0]), lens), pairs[at, 0]] = pairs[at, 1]
+        return block
 
     def _row_words(self, row: int) -> np.ndarray:
         """Row `row`'s mask, made from its nonzero words if it has not been read yet."""

@@ -433,6 +433,11 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _common_values(a: list[Any], b: list[Any]) -> list[Any]:
+    """The values of `a` equal (`_json_equal`) to some value of `b`, in `a`'s order."""
+    return [x for x in a if any(_json_equal(x, y) for y in b)]
+
+
 def syntax_name(syntax: JsonSyntax) -> str:
     """The syntax's name where keys are written as JSON strings ("json"), whatever the whitespace."""
     return syntax.name if type(syntax) is JsonSyntax else f"{syntax.name} ({type(syntax).__name__})"
@@ -601,7 +606,7 @@ class _Facts:
             self.kinds &= frozenset(k for n in named for k in _KINDS_OF_TYPE.get(n, _KINDS))
         listed = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else None
         if listed is not None:
-            self.values = listed if self.values is None else [v for v in self.values if any(_json_equal(v, w) for w in listed)]
+            self.values = listed if self.values is None else _common_values(self.values, listed)
         if self.values is not None:
             self.kinds &= frozenset(k for v in self.values for k in _kind_of(v))
         if isinstance(schema.get("required"), list):
@@ -640,7 +645,7 @@ def _disjoint(a: _Facts, b: _Facts, lookup: Callable[[str], Any], depth: int, me
     both = a.kinds & b.kinds
     if not both:
         return True
-    if a.values is not None and b.values is not None and not any(_json_equal(x, y) for x in a.values for y in b.values):
+    if a.values is not None and b.values is not None and not _common_values(a.values, b.values):
         return True
     if not both <= {"object"}:
         return False
@@ -677,7 +682,7 @@ def disjoint_branches(rest: Any, branches: list[Any], lookup: Callable[[str], An
         f.kinds &= around.kinds
         f.required |= around.required
         if around.values is not None:
-            f.values = around.values if f.values is None else [v for v in f.values if any(_json_equal(v, w) for w in around.values)]
+            f.values = around.values if f.values is None else _common_values(f.values, around.values)
         sides.append(f)
     return all(_disjoint(sides[i], sides[j], lookup, _DISJOINT_DEPTH, memo)
                for i in range(len(sides)) for j in range(i + 1, len(sides)))
@@ -1089,7 +1094,7 @@ class _Compiler:
                 va = av if key == "enum" else [av]
                 vb = bv if key == "enum" else [bv]
                 out.pop("const", None)
-                out["enum"] = [x for x in va if any(_json_equal(x, y) for y in vb)]
+                out["enum"] = _common_values(va, vb)
             elif key in ("anyOf", "oneOf"):
                 out[key] = [{"allOf": [x, y]} for x in av for y in bv]
             elif key in ("additionalProperties", "propertyNames"):
