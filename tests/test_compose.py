@@ -2,6 +2,7 @@
 subset construction gives, stay deterministic and trimmed, and are minimal where the docs say they are."""
 
 import copy
+import json
 import re
 from collections import deque
 from contextlib import contextmanager
@@ -110,6 +111,28 @@ def test_array_loop_over_one_copy_equals_the_subset_construction(head, x, sep):
     (The oracle is the subset construction, itself checked against `re` above: `re` backtracks exponentially on
     some of these nested patterns.)"""
     assert_glued_equals_whole(fa.concat(head[0], x[0], fa.repeat(fa.concat(sep[0], x[0]), 0)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(EXPRS, EXPRS, EXPRS, EXPRS, st.integers(0, 3), st.integers(0, 3))
+def test_bounded_array_copies_glued_in_one_pass_equal_the_subset_construction(head, x, sep, tail, lo, extra):
+    """`head x (sep x){lo,lo+extra} tail` with the same x object twice -- a bounded array of heavy items, then what
+    follows it: x, sep, x, ... glued in one pass, each optional copy's accepting states also stepping into the tail."""
+    assert_glued_equals_whole(fa.concat(head[0], x[0], fa.repeat(fa.concat(sep[0], x[0]), lo, lo + extra), tail[0]))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 1), (0, 2), (1, 2), (1, 5), (2, 5), (3, 3), (0, 4)])
+def test_bounded_arrays_of_objects_keep_their_bounds_before_what_follows(lo, hi):
+    item = {"type": "object", "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["id"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"xs": {"type": "array", "items": item, "minItems": lo, "maxItems": hi},
+                                               "n": {"type": "integer"}}, "required": ["xs", "n"], "additionalProperties": False}
+    for ws, seps in (("compact", (",", ":")), ("flexible", (", ", ": "))):
+        fa.clear_compiled()
+        dfa = compile_schema(schema, whitespace=ws).dfa
+        for n in range(hi + 3):
+            text = json.dumps({"xs": [{"id": i, "tags": ["a"] * (i % 2)} for i in range(n)], "n": 1}, separators=seps)
+            assert dfa.matches(text.encode()) == (lo <= n <= hi), (ws, n, text)
 
 
 def test_an_empty_glued_language_stays_empty():
