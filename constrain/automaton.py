@@ -203,10 +203,11 @@ def concat(*parts: Expr) -> Expr:
     """The parts one after another."""
     flat: list[Expr] = []
     for part in parts:
-        if part == NOTHING:
-            return NOTHING
-        if isinstance(part, _Concat):
+        kind = type(part)
+        if kind is _Concat:
             flat.extend(part.parts)
+        elif part is NOTHING:  # (the only empty union: `union` returns it)
+            return NOTHING
         else:
             flat.append(part)
     if not flat:
@@ -1957,10 +1958,10 @@ def _glue_all(parts: Sequence[_Glued], budget: _Budget, skips: Sequence[tuple[in
             if ((out >= 0) & (into >= 0)).any():
                 return None
             table[final] = np.where(out >= 0, out, into)
+            # they accept as this part's start does (skipping ones were cleared by the part after them)
+            accepting[final] = p.accepting[start]
             if p.accepting[start]:
                 own = np.concatenate([final, own])
-            else:
-                accepting[final] = False
         if i in skip_to:
             pending.setdefault(skip_to[i], []).append(own)
         final = own
