@@ -73,6 +73,9 @@ UNSUPPORTED = frozenset(
         "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor", "contentSchema",
     }
 )
+# Of those, enforced where `_Compiler.unevaluated` can rewrite them exactly (drafts 2019-09 and 2020-12; older drafts
+# do not define them: annotations there).
+UNEVALUATED = ("unevaluatedProperties", "unevaluatedItems")
 STRICT_KEYWORDS = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "$ref",
@@ -959,6 +962,7 @@ class _Compiler:
     def resolve(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> tuple[dict | None, str, tuple[str, ...]]:
         """Follow `$ref` (merging sibling keywords), and flatten `allOf` into one schema."""
         seen = 0
+        raw = schema
         schema = _desugar(schema, pointer)
         while "$ref" in schema:
             ref = schema["$ref"]
@@ -981,6 +985,12 @@ class _Compiler:
                 raise InvalidSchema(f"'$ref' target {ref!r} is not a schema", pointer=join_pointer(pointer, "$ref"))
             target = _desugar(target, target_pointer)
             if siblings and any(k not in ANNOTATIONS and k not in ("$defs", "definitions") for k in siblings):
+                if self.unevaluated_applies() and any(k in target for k in UNEVALUATED):
+                    # the target's unevaluated* see only what the target evaluates: rewritten before the siblings
+                    # merge in
+                    target, target_pointer, refs = self.resolve(target, target_pointer, refs)
+                    if target is None:
+                        return None, pointer, refs
                 schema = self.merge(target, siblings, target_pointer, pointer)
             else:
                 schema, pointer = target, target_pointer
@@ -1004,7 +1014,64 @@ class _Compiler:
             schema = merged
             if "$ref" in schema or "allOf" in schema:
                 return self.resolve(schema, pointer, refs)
+        if self.unevaluated_applies() and any(k in schema for k in UNEVALUATED):
+            schema = self.unevaluated(schema, pointer, self.in_place_choice(raw))
         return schema, pointer, refs
+
+    def in_place_choice(self, schema: Any) -> str | None:
+        """A keyword of `schema` or of its in-place parts (`allOf` items and `$ref` targets, transitively) whose
+        annotations depend on which way a value goes (`anyOf`, `oneOf`, `if`, `dependentSchemas`, ...; `if` without
+        `then` or `else` asserts nothing, yet its annotations count where it passes), else None."""
+        seen: set[int] = set()
+        todo = [schema]
+        while todo:
+            node = todo.pop()
+            if not isinstance(node, dict) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            for key in ("anyOf", "oneOf", "if", "dependentSchemas", "dependencies", "dependentRequired"):
+                if key in node:
+                    return key
+            if isinstance(node.get("allOf"), list):
+                todo.extend(node["allOf"])
+            if isinstance(node.get("$ref"), str):
+                todo.append(self.lookup_or_none(node["$ref"]))
+        return None
+
+    def unevaluated_applies(self) -> bool:
+        """Whether `unevaluatedProperties` / `unevaluatedItems` assert anything: drafts 2019-09 and 2020-12 (older
+        drafts do not define them: unknown keywords, annotations)."""
+        return self.draft in ("draft2019-09", "draft2020-12")
+
+    def unevaluated(self, schema: dict, pointer: str, choice: str | None) -> dict:
+        """`schema` (its `$ref`s and `allOf` merged, each part's own unevaluated* rewritten first) with
+        `unevaluatedProperties` as the `additionalProperties` of the merged object, and `unevaluatedItems` as the
+        items after the merged prefix: exact when nothing else evaluates properties or items, that is beside no
+        `anyOf`, `oneOf`, `if`/`then`/`else` or `dependentSchemas`/`dependencies`/`dependentRequired` (rewritten as
+        `anyOf`, see `_desugar`), and for items no `contains`: `choice`, the first such keyword of the schema's
+        in-place parts (`in_place_choice`), must be None. When a merged part's `additionalProperties` (or `items`
+        after a prefix, `additionalItems`) evaluates everything, the keyword asserts nothing."""
+        out = dict(schema)
+        choice = choice or next((k for k in ("anyOf", "oneOf") if k in out), None)
+        for key in UNEVALUATED:
+            if key not in out:
+                continue
+            where = join_pointer(pointer, key)
+            rest = out.pop(key)
+            if choice is not None or (key == "unevaluatedItems" and "contains" in out):
+                beside = "'contains'" if choice is None else f"'{choice}' (anyOf, oneOf, if, dependencies)"
+                self.unsupported(f"'{key}' is enforced beside properties, items, allOf and $ref, not beside {beside}",
+                                 where)
+                continue
+            if key == "unevaluatedProperties":
+                sides = out.get("_sides", ())
+                if "additionalProperties" not in out and not any("additionalProperties" in s for s in sides):
+                    out["additionalProperties"] = rest
+            elif isinstance(out.get("items"), list):  # draft 2019-09's tuple form
+                out.setdefault("additionalItems", rest)
+            else:
+                out.setdefault("items", rest)
+        return out
 
     def lookup(self, ref: str, pointer: str) -> tuple[Any, str]:
         if not ref.startswith("#"):
@@ -1155,7 +1222,8 @@ class _Compiler:
             out.pop(key, None)
         if prefix:
             out["prefixItems"] = prefix
-        out["items"] = {"allOf": [ra, rb]}
+        if ra is not True or rb is not True:  # (neither: absent, as true is; `unevaluated` reads it so)
+            out["items"] = {"allOf": [ra, rb]}
 
     @staticmethod
     def _merge_closed_objects(a: dict, b: dict, out: dict) -> None:
@@ -1179,6 +1247,9 @@ class _Compiler:
             if key in APPLIED or key in ("_patterns", "_formats", "_absent", "_sides"):
                 continue
             if key in ANNOTATIONS:
+                continue
+            if key in UNEVALUATED and not self.unevaluated_applies():
+                self.ignored.append(join_pointer(pointer, key))  # (not a keyword of this draft)
                 continue
             if key in UNSUPPORTED:
                 self.unsupported(f"keyword '{key}' is not supported", join_pointer(pointer, key))

@@ -202,7 +202,8 @@ ERROR_CASES = [
     ({"patternProperties": {"(a)\\1": {}}}, UnsupportedSchema, "/patternProperties/(a)\\1"),
     ({"patternProperties": {f"^{i}": {} for i in range(9)}}, UnsupportedSchema, "/patternProperties"),
     ({"dependentRequired": {"a": "b"}}, InvalidSchema, "/dependentRequired/a"),
-    ({"unevaluatedProperties": False}, UnsupportedSchema, "/unevaluatedProperties"),
+    ({"oneOf": [{"type": "object"}, {"required": ["a"]}], "unevaluatedProperties": False}, UnsupportedSchema, "/unevaluatedProperties"),
+    ({"$dynamicRef": "#x"}, UnsupportedSchema, "/$dynamicRef"),
     ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "/uniqueItems"),
     ({"$ref": "https://example.com/s.json"}, UnsupportedSchema, "/$ref"),
     ({"type": "string", "format": "uri-template"}, UnsupportedSchema, "/format"),
@@ -300,7 +301,7 @@ def test_anchor_that_cannot_be_resolved_exactly_is_refused(schema, cls):
 
 def test_error_pointer_is_prefixed_with_the_schema_location():
     with pytest.raises(UnsupportedSchema) as info:
-        compile_schema({"properties": {"a/b": {"unevaluatedItems": {}}}}, pointer="/tools/2/function/parameters")
+        compile_schema({"properties": {"a/b": {"contains": {}, "unevaluatedItems": {}}}}, pointer="/tools/2/function/parameters")
     assert info.value.pointer == "/tools/2/function/parameters/properties/a~1b/unevaluatedItems"
 
 
@@ -629,3 +630,88 @@ def test_all_of_multiple_of_values_merge_to_their_least_common_multiple(parts, g
         assert dfa.matches(text.encode()), text
     for text in bad:
         assert not dfa.matches(text.encode()), text
+
+
+# ---------------------------------------------------------------------------
+# unevaluatedProperties / unevaluatedItems (drafts 2019-09, 2020-12): rewritten where exact
+
+_OBJ_A = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+UNEVALUATED_CASES = [
+    # allOf parts' properties are evaluated: {a, b} and nothing else
+    {"allOf": [_OBJ_A, {"properties": {"b": {"type": "string"}}}], "unevaluatedProperties": False},
+    # a $ref's properties are evaluated; a schema for the rest
+    {"$ref": "#/$defs/a", "properties": {"b": {"type": "boolean"}}, "unevaluatedProperties": {"type": "integer"},
+     "$defs": {"a": _OBJ_A}},
+    # the target's own unevaluatedProperties sees only the target's evaluation: a sibling's b is unevaluated there
+    {"$ref": "#/$defs/closed", "properties": {"b": {"type": "integer"}},
+     "$defs": {"closed": {"properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}}},
+    # a part's additionalProperties evaluates every property: nothing left
+    {"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}],
+     "unevaluatedProperties": False},
+    # patternProperties evaluate what they match
+    {"properties": {"a": {"type": "integer"}}, "patternProperties": {"^x": {"type": "boolean"}},
+     "unevaluatedProperties": False},
+    # nested: each object location has its own
+    {"properties": {"o": {"allOf": [{"properties": {"p": {"type": "null"}}}], "unevaluatedProperties": False}},
+     "unevaluatedProperties": {"type": "object"}},
+    # items after the prefix
+    {"prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "string"}},
+    {"allOf": [{"prefixItems": [{"type": "integer"}, {"type": "integer"}]}], "unevaluatedItems": False},
+    # items (after the prefix) evaluates the rest: nothing left
+    {"allOf": [{"items": {"type": "integer"}}], "unevaluatedItems": False},
+    # draft 2019-09's tuple items
+    {"$schema": "https://json-schema.org/draft/2019-09/schema", "items": [{"type": "integer"}],
+     "unevaluatedItems": False},
+    # older drafts do not define them: annotations
+    {"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"a": {}}, "unevaluatedProperties": False},
+]
+_UNEVALUATED_VALUES = [
+    {}, {"a": 1}, {"a": "x"}, {"b": "s"}, {"a": 1, "b": "s"}, {"a": 1, "b": True}, {"a": 1, "b": 2}, {"b": 2},
+    {"a": 1, "c": 3}, {"a": 1, "c": "s"}, {"x1": True}, {"x1": 1}, {"a": 2, "x": False, "y": None},
+    {"o": {"p": None}}, {"o": {"p": None, "q": 1}}, {"o": {}, "z": {}}, {"o": {}, "z": 1},
+    [], [1], [1, 2], [1, "s"], [1, "s", "t"], ["s"], [1, 2, 3], [[]], 5, "s", None,
+]
+
+
+@pytest.mark.parametrize("schema", UNEVALUATED_CASES, ids=[json.dumps(c)[:60] for c in UNEVALUATED_CASES])
+def test_unevaluated_keywords_against_jsonschema(schema):
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    oracle = corpus.validator(schema)
+    valid = 0
+    for value in _UNEVALUATED_VALUES:
+        ok = oracle.is_valid(value)
+        assert dfa.matches(json.dumps(value, separators=(",", ":")).encode()) == ok, value
+        valid += ok
+    assert valid >= 2
+
+
+@pytest.mark.parametrize(("schema", "pointer"), [
+    ({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}], "unevaluatedProperties": False},
+     "/unevaluatedProperties"),
+    ({"if": {"properties": {"a": {"const": 1}}}, "then": {"properties": {"b": {}}}, "unevaluatedProperties": False},
+     "/unevaluatedProperties"),
+    ({"dependentSchemas": {"a": {"properties": {"b": {}}}}, "unevaluatedProperties": False}, "/unevaluatedProperties"),
+    ({"contains": {"type": "integer"}, "unevaluatedItems": False}, "/unevaluatedItems"),
+    ({"properties": {"o": {"oneOf": [{"prefixItems": [{}]}, {"items": {}}], "unevaluatedItems": False}}},
+     "/properties/o/unevaluatedItems"),
+])
+def test_unevaluated_keywords_beside_a_choice_are_refused(schema, pointer):
+    with pytest.raises(UnsupportedSchema) as info:
+        compile_schema(schema)
+    assert info.value.pointer == pointer
+    relaxed = compile_schema(schema, relax=True)
+    assert [p for p, _ in relaxed.relaxed] == [pointer]
+
+
+def test_unevaluated_beside_an_if_without_then_is_refused():
+    # `if` alone asserts nothing, yet where it passes its properties are evaluated (JSON-Schema-Test-Suite 2020-12
+    # unevaluatedProperties/302, unevaluatedItems/334): refused, also from inside an allOf part or a $ref target
+    for schema, pointer in (
+            ({"if": {"patternProperties": {"foo": {"type": "string"}}}, "unevaluatedProperties": False},
+             "/unevaluatedProperties"),
+            ({"if": {"prefixItems": [{"const": "a"}]}, "unevaluatedItems": False}, "/unevaluatedItems"),
+            ({"allOf": [{"$ref": "#/$defs/c"}], "unevaluatedProperties": False,
+              "$defs": {"c": {"if": {"properties": {"a": {}}}}}}, "/unevaluatedProperties")):
+        with pytest.raises(UnsupportedSchema) as info:
+            compile_schema(schema)
+        assert info.value.pointer == pointer
