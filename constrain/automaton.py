@@ -2166,6 +2166,7 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
                         return _empty_dfa()
                     sequence.append(x)
                     continue
+                budget.check((hi + 1) * (x.n_states - 1))  # (at least that many states: fail before spelling them)
                 optional = []
                 for copy in range(hi + 1):
                     if copy:
