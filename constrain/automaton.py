@@ -2089,6 +2089,7 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
     """`expr` compiled by gluing separately compiled parts (a `Dfa`), an equivalent expression made of compiled
     parts for the NFA when they overlap, or None when `expr` is better determinised whole."""
     sizes = memo.sizes
+    class_parts: Sequence[_Glued] = ()  # what `_as_dfa` reads equal classes off (a concatenation: its distinct parts)
 
     def heavy(e: Expr) -> bool:
         return _size(e, sizes) >= _COMPOSE_MIN
@@ -2112,7 +2113,7 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
         # states
         # spans over expr.parts: [first, end, loop] where loop = (x parts, sep parts) for `x (sep x)*`, else None
         # `x (sep x){lo,hi}` (a bounded array of heavy items) likewise as x, sep, x, ... glued in one pass, the copies
-        # from the lo-th on free to end the text (`_glue_all`'s stops)
+        # from the lo-th on also stepping into what follows the group (`_glue_all`'s skips)
         spans: list[list] = []
         parts = expr.parts
         for at, part in enumerate(parts):
@@ -2203,9 +2204,7 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
                 _at(err, groups[largest][1], budget)
             raise
         fallback = _Concat(tuple(fallbacks))
-        if glued is not None:
-            budget.check(len(glued))
-            return _as_dfa(glued, specials, class_of, aligned)
+        class_parts = aligned
     elif isinstance(expr, _Union):
         if not any(heavy(p) for p in expr.parts):
             return None
@@ -2232,7 +2231,7 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
     if glued is None:
         return fallback
     budget.check(len(glued))
-    return _as_dfa(glued, specials, class_of)
+    return _as_dfa(glued, specials, class_of, class_parts)
 
 
 def _minimal(dfa: Dfa, budget: _Budget) -> Dfa:

@@ -985,7 +985,7 @@ class _Compiler:
                 raise InvalidSchema(f"'$ref' target {ref!r} is not a schema", pointer=join_pointer(pointer, "$ref"))
             target = _desugar(target, target_pointer)
             if siblings and any(k not in ANNOTATIONS and k not in ("$defs", "definitions") for k in siblings):
-                if self.unevaluated_applies() and any(k in target for k in UNEVALUATED):
+                if any(k in target for k in UNEVALUATED) and self.unevaluated_applies():
                     # the target's unevaluated* see only what the target evaluates: rewritten before the siblings
                     # merge in
                     target, target_pointer, refs = self.resolve(target, target_pointer, refs)
@@ -1014,7 +1014,7 @@ class _Compiler:
             schema = merged
             if "$ref" in schema or "allOf" in schema:
                 return self.resolve(schema, pointer, refs)
-        if self.unevaluated_applies() and any(k in schema for k in UNEVALUATED):
+        if any(k in schema for k in UNEVALUATED) and self.unevaluated_applies():
             schema = self.unevaluated(schema, pointer, self.in_place_choice(raw))
         return schema, pointer, refs
 
