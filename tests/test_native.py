@@ -339,6 +339,29 @@ def test_walks_given_up_past_the_waste_budget_fall_back_to_the_floor(llama3_voca
     assert np.array_equal(some >= 0, index._walker.masks_many(states, 32, 16)[0] >= 0)
 
 
+
+def test_many_states_walked_as_two_halves_on_two_threads_give_the_same_masks(llama3_vocab, monkeypatch):
+    """`masks_many` over `_SPLIT_STATES` states or more walks two halves at once (the second on the worker thread):
+    every state's distinct mask holds the same words as in one call, and an index built that way has the same rows."""
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, llama3_vocab)
+    states = np.arange(dfa.n_states, dtype=np.int32)
+
+    def masks(result) -> dict[int, bytes]:
+        local, off, data = result
+        return {s: data[off[local[s]] : off[local[s] + 1]].tobytes() for s in np.flatnonzero(local >= 0).tolist()}
+
+    whole = masks(index._walker.masks_many(states, 32, 512))
+    monkeypatch.setattr(native, "_SPLIT_STATES", 2)
+    if native._walk_pool() is None:
+        pytest.skip("this process may run on one core only: masks_many never splits")
+    split = index._walker.masks_many(states, 32, 512)
+    assert masks(split) == whole and len(whole) > dfa.n_states // 2
+    assert split[1].shape[0] - 1 >= len(set(whole.values()))  # (a mask may come back from both halves)
+    again = TokenIndex(dfa, llama3_vocab)
+    for s in range(dfa.n_states):
+        assert np.array_equal(again.mask_for_state(s), index.mask_for_state(s)), s
+
 # -- digit runs: a number's digits are not walked token by token --------------------------------------------------
 
 # unbounded integers and numbers (digit loops in the integer part, the fraction and the exponent), in several contexts
