@@ -1682,13 +1682,18 @@ class TrieWalker:
         states = np.ascontiguousarray(states, np.int32)
         n = int(states.shape[0])
         pool = _walk_pool() if n >= _SPLIT_STATES else None
-        if pool is None:
+        # (one split at a time: an index built on another thread meanwhile walks in one call, not behind this one)
+        if pool is None or not _SPLIT_FREE.acquire(blocking=False):
             return self._masks_many(states, max_first, live_max, live_floor, waste_budget)
         cut = n // 2
-        later = pool.submit(self._masks_many, states[cut:], max_first, live_max, live_floor,
-                            waste_budget - waste_budget * cut // n)
-        first = self._masks_many(states[:cut], max_first, live_max, live_floor, waste_budget * cut // n)
-        (local_a, off_a, data_a), (local_b, off_b, data_b) = first, later.result()
+        try:
+            later = pool.submit(self._masks_many, states[cut:], max_first, live_max, live_floor,
+                                waste_budget - waste_budget * cut // n)
+            first = self._masks_many(states[:cut], max_first, live_max, live_floor, waste_budget * cut // n)
+            second = later.result()
+        finally:
+            _SPLIT_FREE.release()
+        (local_a, off_a, data_a), (local_b, off_b, data_b) = first, second
         n_a = off_a.shape[0] - 1
         local = np.concatenate([local_a, np.where(local_b >= 0, local_b + n_a, -1).astype(np.int32)])
         off = np.concatenate([off_a, off_b[1:] + off_a[-1]])
@@ -1980,6 +1985,7 @@ def _digit_loops(tflat: np.ndarray, n_classes: int, byte_class: np.ndarray) -> n
 # 2,012 states) gained nothing (TTFM, 15 interleaved compiles: 5.98 ms split, 5.72 not; nested_table 15.6 vs 16.7).
 _SPLIT_STATES = 2048
 _POOL: list = []  # [(pid, executor)]: the walk's worker thread, made on first use, anew in a forked child
+_SPLIT_FREE = threading.Semaphore(1)  # held while a split walk uses the worker
 
 
 def _walk_pool() -> concurrent.futures.ThreadPoolExecutor | None:
