@@ -6,9 +6,9 @@ spelled as bytes; EOS ids are the stop tokens). For each (workload, vocabulary):
   2. each engine is checked against constrain: allowed-token sets on the states along those outputs (non-special
      ids compared exactly, EOS compared as "some EOS allowed"); a peer rejecting a sampled token is a disagreement;
   3. each engine is timed on fresh compiles: cold compile, time to first mask (grammar text -> first mask filled),
-     the median of `--ttfm-repeats` (3) cold compiles in a row (the first alone is kept as `ttfm_first_s`), then the
-     same token ids replayed on the last one (mask fill into an int32 bitmask + accept per step). constrain's lazily
-     built rows are computed inside that timing.
+     the median of `--ttfm-repeats` (3) cold compiles in a row (the first alone is kept as `ttfm_first_s`), each
+     followed by the same token ids replayed on it (mask fill into an int32 bitmask + accept per step; cold p50 and
+     p99 are the medians over those replays). constrain's lazily built rows are computed inside that timing.
 outlines-core compiles once, in a forked child (60 s watchdog, the index comes back pickled); the others compile
 in-process and are marked "timeout" afterwards if they exceeded 60 s (a slow first compile is not repeated).
 

@@ -829,9 +829,7 @@ class _Budget:
         if n_states > self.peak:
             self.peak = n_states
         if n_states > self.max_states:
-            err = BudgetExceeded(f"automaton exceeds the state budget of {self.max_states} states", pointer=self.pointer)
-            err.over_states = True  # (not the time budget: `_union_folded` may still fit)
-            raise err
+            raise BudgetExceeded(f"automaton exceeds the state budget of {self.max_states} states", pointer=self.pointer)
         self.tick()
 
     def tick(self, units: int = 1) -> None:
@@ -2438,8 +2436,9 @@ def _compile_uncaught(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa:
                 else:
                     try:
                         dfa = _determinised(expr if composed is None else composed, budget, memo, specials)
-                    except BudgetExceeded as err:
-                        if not (getattr(err, "over_states", False) and isinstance(expr, _Union) and len(expr.parts) > 2
+                    except BudgetExceeded:
+                        # over the state budget (a peak past it; not the time budget): the joins may still fit
+                        if not (budget.peak > budget.max_states and isinstance(expr, _Union) and len(expr.parts) > 2
                                 and all(isinstance(p, Dfa) for p in expr.parts)):
                             raise
                         budget.peak = 0  # (the peak remembered with the result is the fold's: the same at every compile)

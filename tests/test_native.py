@@ -339,7 +339,6 @@ def test_walks_given_up_past_the_waste_budget_fall_back_to_the_floor(llama3_voca
     assert np.array_equal(some >= 0, index._walker.masks_many(states, 32, 16)[0] >= 0)
 
 
-
 def test_many_states_walked_as_two_halves_on_two_threads_give_the_same_masks(llama3_vocab, monkeypatch):
     """`masks_many` over `_SPLIT_STATES` states or more walks two halves at once (the second on the worker thread):
     every state's distinct mask holds the same words as in one call, and an index built that way has the same rows."""
@@ -361,6 +360,7 @@ def test_many_states_walked_as_two_halves_on_two_threads_give_the_same_masks(lla
     again = TokenIndex(dfa, llama3_vocab)
     for s in range(dfa.n_states):
         assert np.array_equal(again.mask_for_state(s), index.mask_for_state(s)), s
+
 
 # -- digit runs: a number's digits are not walked token by token --------------------------------------------------
 
