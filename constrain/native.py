@@ -13,6 +13,7 @@ compare both.
 
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import ctypes
 import functools
@@ -27,7 +28,7 @@ import numpy as np
 
 from kernels import cbuild
 
-__all__ = ["NativeAutomata", "Reference", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
+__all__ = ["NativeAutomata", "Reference", "Stepper", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
 
 DET_OK, DET_STATES, DET_TIME, DET_CANCELLED, DET_NOMEM = 0, 1, 2, 3, 4
 
@@ -1018,6 +1019,58 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
     return result;
 }
 
+/* One token's bytes read by a cursor (`TokenState.advance`), as `automaton.walk_counted` reads them. ctx: the table
+   (int32, `state * n_classes + class`), n_classes, the class of each byte (int32[256]), and, 0 where the index has
+   none, the counters' effects (int8, flat like the table), their limits (int64), the deep values' spills (int8, flat)
+   and refills (int64, `state * 2 + kind`). io: state, count, limit, at, depth in; the same out (state -1 and `at` the
+   byte where the walk died or passed its bound, else at -1). stack: the `depth` spilled kinds, room for n more. */
+void constrain_step(const int64_t *ctx, const uint8_t *data, int32_t n, int64_t *io, int32_t *stack) {
+    const int32_t *table = (const int32_t *)(intptr_t)ctx[0];
+    const int64_t k = ctx[1];
+    const int32_t *cls = (const int32_t *)(intptr_t)ctx[2];
+    const int8_t *effect = (const int8_t *)(intptr_t)ctx[3];
+    const int64_t *limits = (const int64_t *)(intptr_t)ctx[4];
+    const int8_t *spill = (const int8_t *)(intptr_t)ctx[5];
+    const int64_t *refill = (const int64_t *)(intptr_t)ctx[6];
+    int64_t state = io[0], count = io[1], limit = io[2], depth = io[4];
+    io[3] = -1;
+    for (int32_t at = 0; at < n; at++) {
+        int64_t x = state * k + cls[data[at]];
+        state = table[x];
+        if (state < 0) { io[3] = at; break; }
+        if (effect) {
+            int8_t e = effect[x];
+            if (e == 1) {
+                count++;
+                if (limit >= 0 && limit < count) { state = -1; io[3] = at; break; }
+            } else if (e == 2) {
+                limit = -1;
+            } else if (e) {
+                count = 0;
+                limit = limits[e - 3];
+            }
+        }
+        if (spill) {
+            int8_t kind = spill[x];
+            if (kind) stack[depth++] = kind - 1;
+            else if (depth && refill[2 * state] >= 0) state = refill[2 * state + stack[--depth]];
+        }
+    }
+    io[0] = state; io[1] = count; io[2] = limit; io[4] = depth;
+}
+
+/* `constrain_step` without counters or stack: the state after `data`, or -2 - at where the walk died at byte `at`. */
+int64_t constrain_step_plain(const int64_t *ctx, const uint8_t *data, int32_t n, int64_t state) {
+    const int32_t *table = (const int32_t *)(intptr_t)ctx[0];
+    const int64_t k = ctx[1];
+    const int32_t *cls = (const int32_t *)(intptr_t)ctx[2];
+    for (int32_t at = 0; at < n; at++) {
+        state = table[state * k + cls[data[at]]];
+        if (state < 0) return -2 - at;
+    }
+    return state;
+}
+
 /* How many first bytes of a token keep the DFA live from `state` (a structural state: a few). */
 int32_t constrain_first_live(const int64_t *a, int32_t state) {
     const int32_t *row = (const int32_t *)(intptr_t)a[0] + (int64_t)state * a[1];
@@ -1340,6 +1393,13 @@ class NativeAutomata:
         self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_int64, p, p, p, ctypes.c_int32, p, p, p, ctypes.c_int64]
         self._walk_many.restype = ctypes.c_int32
+        # (through a PyDLL handle: the GIL stays held, as a cursor's step is shorter than a GIL hand-over)
+        self._step = ctypes.PyDLL(lib._name).constrain_step
+        self._step.argtypes = [p, ctypes.c_char_p, ctypes.c_int32, p, p]
+        self._step.restype = None
+        self._step_plain = ctypes.PyDLL(lib._name).constrain_step_plain
+        self._step_plain.argtypes = [p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int64]
+        self._step_plain.restype = ctypes.c_int64
         self._first_live = lib.constrain_first_live
         self._first_live.argtypes = [p, ctypes.c_int32]
         self._first_live.restype = ctypes.c_int32
@@ -1512,6 +1572,53 @@ class NativeAutomata:
         transition."""
         return TrieWalker(self, tflat, n_classes, byte_class, trie, n_words, accepting, eos, specials,
                           special_classes)
+
+    def stepper(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, effect: np.ndarray | None = None,
+                limits: Sequence[int] | None = None, spill: np.ndarray | None = None,
+                refill: np.ndarray | None = None) -> "Stepper":
+        """A cursor's byte walk over the int32 table `tflat` (see `Stepper`); with counters, their flat `effect` and
+        `limits`; with deep values, their flat `spill` and `refill` (`automaton.Counters`)."""
+        return Stepper(self, tflat, n_classes, byte_class, effect, limits, spill, refill)
+
+
+class Stepper:
+    """`automaton.walk_counted` in C for one index's tables (kept alive here): a cursor's step over one token."""
+
+    __slots__ = ("_keep", "_ctx", "_plain", "_step")
+
+    def __init__(self, lib: NativeAutomata, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
+                 effect: np.ndarray | None, limits: Sequence[int] | None, spill: np.ndarray | None,
+                 refill: np.ndarray | None):
+        if tflat.dtype != np.int32 or not tflat.flags.c_contiguous:
+            raise ValueError("the stepper walks a contiguous int32 table")
+        keep = [tflat, np.ascontiguousarray(byte_class[:256], np.int32)]
+        for arr, dtype in ((effect, np.int8), (None if limits is None else np.asarray(limits), np.int64),
+                           (spill, np.int8), (refill, np.int64)):
+            keep.append(None if arr is None else np.ascontiguousarray(np.ravel(arr), dtype))
+        self._keep = keep
+        address = [0 if a is None else a.ctypes.data for a in keep]
+        self._ctx = np.array([address[0], n_classes, *address[1:]], np.int64)
+        ctx = self._ctx.ctypes.data
+        self._plain = functools.partial(lib._step_plain, ctx)
+        self._step = functools.partial(lib._step, ctx)
+
+    def plain(self, data: bytes, state: int) -> int:
+        """The state after `data` from `state` (no counters read), or `-2 - at` where it dies at byte `at`."""
+        return self._plain(data, len(data), state)
+
+    def counted(self, data: bytes, state: int, count: int, limit: int, stack: tuple[int, ...]
+                ) -> tuple[int, int, int, int, tuple[int, ...]]:
+        """`walk_counted` of `data` from `state`: `(state, count, limit, at, stack)`, the stack as a new tuple when
+        the index keeps deep values (else `stack` itself)."""
+        n = len(data)
+        io = array.array("q", (state, count, limit, -1, len(stack)))
+        if self._keep[4] is None:
+            self._step(data, n, io.buffer_info()[0], None)
+            return io[0], io[1], io[2], io[3], stack
+        buf = array.array("i", stack)
+        buf.frombytes(bytes(4 * n))
+        self._step(data, n, io.buffer_info()[0], buf.buffer_info()[0])
+        return io[0], io[1], io[2], io[3], tuple(buf[: io[4]])
 
 
 def _by_source(n: int, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

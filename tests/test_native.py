@@ -2,6 +2,7 @@
 same minimal automata as the numpy passes, keep the state and time budgets, and stop when cancelled."""
 
 import ctypes
+import json
 import pickle
 import shutil
 import threading
@@ -360,6 +361,75 @@ def test_many_states_walked_as_two_halves_on_two_threads_give_the_same_masks(lla
     again = TokenIndex(dfa, llama3_vocab)
     for s in range(dfa.n_states):
         assert np.array_equal(again.mask_for_state(s), index.mask_for_state(s)), s
+
+
+# -- the cursor's step in C ---------------------------------------------------------------------------------------
+
+# a counted string (maxLength past COUNTED_MIN_CHARS), a counted array (maxItems past COUNTED_MIN_ITEMS) and free-form
+# values nested past the automaton's window on the cursor's stack
+_STEP_SCHEMA = {"type": "object", "properties": {
+    "v": {}, "xs": {"type": "array", "items": {"type": "integer"}, "maxItems": 150},
+    "s": {"type": "string", "maxLength": 600}}, "required": ["v", "xs", "s"], "additionalProperties": False}
+
+
+def _deep_value(rng: np.random.Generator, depth: int = 0):
+    if depth >= 9 or rng.random() < 0.15:
+        return [0, "x", None, 1.5, True][rng.integers(5)]
+    if rng.random() < 0.5:
+        return [_deep_value(rng, depth + 1) for _ in range(rng.integers(1, 3))]
+    return {f"k{i}": _deep_value(rng, depth + 1) for i in range(rng.integers(1, 3))}
+
+
+def test_the_c_step_reads_bytes_as_walk_counted_does(gemma4_vocab):
+    """`Stepper.counted` and `Stepper.plain` against `automaton.walk_counted` and the table walk they replace in
+    `TokenState.advance`: along valid texts with values nested up to 9 deep (past the window: spilled and refilled),
+    a long counted string and a counted array filled to its bound, every token that spells the next 1-16 bytes, a
+    comma and two random ones, read
+    from the cursor's state, count, bound and stack, give the same state, count, bound, stack and dying byte."""
+    index = TokenIndex(compile_schema(_STEP_SCHEMA, whitespace="compact").dfa, gemma4_vocab)
+    assert index._stacked and index._limits and index._stepper is not None
+    plain = TokenIndex(compile_schema(_WALK_SCHEMAS[0], whitespace="compact").dfa, gemma4_vocab)
+    rng = np.random.default_rng(7)
+    token_bytes = gemma4_vocab.token_bytes
+    byte_token = {}
+    for t, b in enumerate(token_bytes):
+        if b and t not in index._non_byte:
+            byte_token.setdefault(b, t)
+    seen = {"died": 0, "spilled": 0, "refilled": 0, "ticked": 0, "bounded": 0}
+    for i in range(12):
+        value = {"v": _deep_value(rng), "xs": rng.integers(-99, 99, size=150 - i % 3).tolist(),
+                 "s": "ab\u00e9 c" * (120 - i % 2 * 30)}
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        cursor = index.start()
+        for at in range(len(text)):
+            ahead = [byte_token[text[at : at + n]] for n in range(1, 17) if text[at : at + n] in byte_token]
+            for t in ahead + [byte_token[b","]] + rng.integers(len(token_bytes), size=2).tolist():
+                data = token_bytes[t]
+                if not data:
+                    continue
+                spilled = list(cursor._stack)
+                want = fa.walk_counted(index._tr_view, index._n_classes, index._cls_list, index._eff_view,
+                                       index._limits, cursor._state, data, cursor._count, cursor._limit,
+                                       index._spill_view, index._refill_view, spilled)
+                got = index._stepper.counted(data, cursor._state, cursor._count, cursor._limit, cursor._stack)
+                assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
+                seen["died"] += want[3] >= 0
+                seen["spilled"] += want[3] < 0 and len(spilled) > len(cursor._stack)
+                seen["refilled"] += want[3] < 0 and len(spilled) < len(cursor._stack)
+                seen["ticked"] += want[3] < 0 and want[1] > cursor._count
+                seen["bounded"] += want[3] >= 0 and 0 <= want[2] < want[1]
+            cursor.advance(byte_token[text[at : at + 1]])
+        assert cursor.is_accepting()
+    assert min(seen.values()) > 20, seen
+    for _ in range(3000):
+        data = token_bytes[rng.integers(len(token_bytes))] or b"x"
+        s = want = int(rng.integers(plain._n_states))
+        for at, byte in enumerate(data):
+            want = plain._tr_view[want * plain._n_classes + plain._cls_list[byte]]
+            if want < 0:
+                want = -2 - at
+                break
+        assert plain._stepper.plain(data, s) == want
 
 
 # -- digit runs: a number's digits are not walked token by token --------------------------------------------------
