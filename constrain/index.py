@@ -76,9 +76,11 @@ _PREFILL_WASTE = 16
 # the kernel zeroes or compacts 2 MiB at a time).
 _EAGER_ROWS = 512
 
-# A cursor walks a token of at least this many bytes in C (`native.Stepper`): ~0.5 us a call against ~0.1 us a byte
-# in Python, where a 40-byte token of a counted string took 17 us (Gemma 4, nested_table's longest steps).
-_C_STEP_BYTES = 8
+# A cursor walks a token of at least this many bytes in C (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
+# ~1.8 us) against ~0.1 us a byte in Python (counted: 0.5 us + 0.16 us a byte); the first call after a compile
+# costs ~6 us more (its caches evicted), so shorter tokens, the common ones, stay in Python. A 40-byte token of a
+# counted string took 17 us in Python (Gemma 4, nested_table's longest steps).
+_C_STEP_BYTES = 16
 
 # `min_tokens` of a state from which no sequence of this vocabulary's tokens reaches acceptance (possible only when
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
@@ -1449,7 +1451,7 @@ class TokenState:
         """The byte walk of `advance` counting characters of counted strings and keeping deep values' stack:
         `(state, count, limit, stack)` after `data`."""
         idx = self._index
-        if idx._stepper is not None:
+        if idx._stepper is not None and len(data) >= _C_STEP_BYTES:
             s, count, limit, at, stack = idx._stepper.counted(data, s, self._count, self._limit, self._stack)
         else:
             spilled = list(self._stack) if idx._stacked else None
