@@ -216,6 +216,28 @@ def _uri_reference(iri: bool = False) -> fa.Expr:
     return fa.union(_uri(iri), fa.concat(relative_part, p["query_fragment"]))
 
 
+# --- uri-template (RFC 6570, level 4) ----------------------------------------------------------------------------
+
+
+def _uri_template() -> fa.Expr:
+    """RFC 6570 section 2: literals and expressions `{` [operator] varspec *( `,` varspec ) `}`, where the operators
+    are the level 2-4 ones (`+#./;?&`; the reserved `=,!@|` are not written), a varname is varchars (`ALPHA`,
+    `DIGIT`, `_`, pct-encoded) joined by single dots, and a varspec may end in `*` or `:` and a length. Narrower than
+    the RFC where the `uri-template` package (python-jsonschema's checker) is: a varname starts with `ALPHA`,
+    `DIGIT` or `_` (not pct-encoded) and a prefix length has 1-3 digits (the RFC's 4th is refused there)."""
+    pct = fa.concat(_lit("%"), _HEX, _HEX)
+    # every ASCII character but CTL, SP, DQUOTE, "%", "<", ">", "\\", "^", "`", "{", "|", "}" (the RFC's ABNF also
+    # leaves out "'", a sub-delim of URIs, which the test suite and the checker take)
+    literal = fa.union(_bytes_of("!#$&-;=?-[]_a-z~"), _UCSCHAR, _IPRIVATE, pct)
+    first = _bytes_of("a-zA-Z0-9_")
+    varname = fa.concat(first, fa.repeat(fa.concat(fa.optional(_lit(".")), fa.union(first, pct)), 0))
+    prefix = fa.concat(_lit(":"), _bytes_of("1-9"), fa.repeat(_DIGIT, 0, 2))
+    varspec = fa.concat(varname, fa.optional(fa.union(prefix, _lit("*"))))
+    expression = fa.concat(_lit("{"), fa.optional(_bytes_of("+#./;?&")), varspec,
+                           fa.repeat(fa.concat(_lit(","), varspec), 0), _lit("}"))
+    return fa.repeat(fa.union(literal, expression), 0)
+
+
 _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "date": lambda: _DATE,
     "time": lambda: _TIME,
@@ -230,6 +252,7 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "uri-reference": _uri_reference,
     "iri": lambda: _uri(iri=True),
     "iri-reference": lambda: _uri_reference(iri=True),
+    "uri-template": _uri_template,
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -250,8 +273,8 @@ _ASSERTED = {
     # draft 3 checks `time` as strptime("%H:%M:%S") (no offset), not RFC 3339: see `is_asserted`
     "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
     "draft4": _EARLY,
-    "draft6": _EARLY | {"uri-reference"},
-    "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference"},
+    "draft6": _EARLY | {"uri-reference", "uri-template"},
+    "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference", "uri-template"},
     "draft2019-09": frozenset(SUPPORTED_FORMATS),
     "draft2020-12": frozenset(SUPPORTED_FORMATS),
 }
@@ -324,6 +347,9 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
       - uri, uri-reference, iri, iri-reference: RFC 3986 `URI`, `URI-reference`, RFC 3987 `IRI`, `IRI-reference`
         (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
+      - uri-template: RFC 6570 level 4 (`_uri_template`), a varname starting with a letter, digit or `_`, prefix
+        lengths below 1000; the checker (the `uri-template` package) takes any literal but `{` and `}`, and the
+        reserved operator `,`, defaults and `/keys` in varspecs.
     The caller adds JSON quoting and escaping.
 
     Args:

@@ -68,6 +68,21 @@ def _hostname_narrow(value: str) -> bool:
     )
 
 
+_UCS_OR_PRIVATE = [(0xA0, 0xD7FF), (0xE000, 0xF8FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF), (0xE1000, 0xEFFFD),
+                   (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD)] + [(p << 16, (p << 16) + 0xFFFD) for p in range(1, 14)]
+_VARSPEC = r"[A-Za-z0-9_](?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*(?::[1-9][0-9]{0,2}|\*)?"
+_TEMPLATE_PART = re.compile(rf"[!#$&-;=?-\[\]_a-z~]|%[0-9A-Fa-f]{{2}}|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}}|(.)",
+                            re.ASCII)
+
+
+def _uri_template_rfc6570(value: str) -> bool:
+    """RFC 6570 section 2 (level 4 operators), varnames from a letter, digit or `_`, prefixes below 1000."""
+    for m in _TEMPLATE_PART.finditer(value):
+        if m.group(1) is not None and not any(lo <= ord(m.group(1)) <= hi for lo, hi in _UCS_OR_PRIVATE):
+            return False
+    return sum(len(m.group(0)) for m in _TEMPLATE_PART.finditer(value)) == len(value)
+
+
 # Each entry: format -> (reason, predicate that holds for every value we do accept). A checker-valid value that we
 # reject must fail the predicate, so the allowlist cannot hide an unexplained rejection.
 NARROWINGS = {
@@ -87,6 +102,8 @@ NARROWINGS = {
     **{name: ("no trailing newline; no leading-zero octets in bracketed IPv4",
               lambda v: "\n" not in v and re.search(r"\[[^\]]*[:.]0\d", v) is None)
        for name in ("uri-reference", "iri", "iri-reference")},
+    "uri-template": ("RFC 6570 only (checker: any literal but braces, the `,` operator, trailing joiners, defaults)",
+                     _uri_template_rfc6570),
 }
 
 
@@ -143,6 +160,8 @@ SUITE_NARROWINGS = {
     ("hostname", "xn--ngba5hb2804a"): "A-label",
     ("hostname", "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk.com"): "longer than 63 bytes",
     ("iri", "http://[V1.fe]"): "IPvFuture with an uppercase V: the checker (rfc3987) rejects it",
+    ("uri-template", "{%41}"): "a varname from a pct-encoded octet: the checker (uri-template) rejects it",
+    ("uri-template", "{v:1000}"): "a 4-digit prefix length: the checker (uri-template) rejects it",
 }
 
 
@@ -188,6 +207,10 @@ EDGES = {
             ["é:x", "http://x/\ue000", "a:\u00a0\n", "http://[é]", "a:\x7f", "a:\ufffe", "a"]),
     "iri-reference": (["", "é", "/ü/x?\ue000", "//hôte/p", "#€", "a:é"],
                       [":é", "\ue000", "#\ue000", "é é", "%zz"]),
+    "uri-template": (["", "http://example.com/", "{var}", "{+path}/here", "{#x,hello,y}", "X{.list*}", "{/var:3}",
+                      "{;x,y}", "/search{?q,lang}", "{&x}", "{a.b_c}", "{a%41.b}", "é\ue000{x}", "{x:999}", "%7B{x}", "a'b"],
+                     ["{", "}", "{}", "{=x}", "{,x}", "{x y}", "{x.}", "{.x.}", "{x..y}", "{x:0}", "{x:1000}", "a b",
+                      "{x}}", "{x*:3}", "%zz", "{%41}", "{x", "a\"b", "{|x}", "<x>", "a\\b", "a^b", "a`b"]),
 }
 
 
@@ -217,7 +240,7 @@ def test_state_counts_are_bounded():
 # --- Hypothesis: mutated valid values ---------------------------------------------------------------------------
 
 SEEDS = {name: good for name, (good, _) in EDGES.items()}
-MUTATION_ALPHABET = "0123456789abcdefxABCDEFTZtz:-.+@[]/%?#\"\\ _\nPYMWDHSv~!é"
+MUTATION_ALPHABET = "0123456789abcdefxABCDEFTZtz:-.+@[]/%?#\"\\ _\nPYMWDHSv~!é{},*;&="
 
 
 @st.composite
@@ -333,7 +356,7 @@ def test_custom_format_is_an_annotation_reported_in_ignored_keywords(name):
     assert compiled.ignored_keywords == ["/properties/x/format"]
 
 
-@pytest.mark.parametrize("name", ["uri-template", "relative-json-pointer", "regex", "json-pointer", "idn-hostname"])
+@pytest.mark.parametrize("name", ["relative-json-pointer", "regex", "json-pointer", "idn-hostname"])
 def test_format_the_draft_defines_but_constrain_cannot_enforce_is_refused(name):
     with pytest.raises(UnsupportedSchema) as info:
         compile_schema({"type": "string", "format": name})
