@@ -238,6 +238,24 @@ def _uri_template() -> fa.Expr:
     return fa.repeat(fa.union(literal, expression), 0)
 
 
+# --- json-pointer (RFC 6901), relative-json-pointer --------------------------------------------------------------
+
+
+def _json_pointer() -> fa.Expr:
+    """RFC 6901: reference tokens, each after a `/`, of any characters but `/` and `~`, or `~0` / `~1`."""
+    unescaped = fa.chars([(0, 0x2E), (0x30, 0x7D), (0x7F, fa.MAX_UNICODE)])
+    token = fa.repeat(fa.union(unescaped, fa.concat(_lit("~"), _bytes_of("01"))), 0)
+    return fa.repeat(fa.concat(_lit("/"), token), 0)
+
+
+def _relative_json_pointer() -> fa.Expr:
+    """A non-negative integer, then `#` or a JSON pointer (draft-handrews-relative-json-pointer-01, as python-jsonschema
+    reads it, no index adjustment). Its checker rejects a digit after a `0` anywhere in the integer (`100`, `101`:
+    its leading-zero test looks at every digit), so the integer is `0` or has its one `0` last (`10`, `120`)."""
+    integer = fa.union(_lit("0"), fa.concat(_bytes_of("1-9"), fa.repeat(_bytes_of("1-9"), 0), fa.optional(_lit("0"))))
+    return fa.concat(integer, fa.union(_lit("#"), _json_pointer()))
+
+
 _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "date": lambda: _DATE,
     "time": lambda: _TIME,
@@ -253,6 +271,8 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "iri": lambda: _uri(iri=True),
     "iri-reference": lambda: _uri_reference(iri=True),
     "uri-template": _uri_template,
+    "json-pointer": _json_pointer,
+    "relative-json-pointer": _relative_json_pointer,
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -273,8 +293,9 @@ _ASSERTED = {
     # draft 3 checks `time` as strptime("%H:%M:%S") (no offset), not RFC 3339: see `is_asserted`
     "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
     "draft4": _EARLY,
-    "draft6": _EARLY | {"uri-reference", "uri-template"},
-    "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference", "uri-template"},
+    "draft6": _EARLY | {"uri-reference", "uri-template", "json-pointer"},
+    "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference", "uri-template", "json-pointer",
+                        "relative-json-pointer"},
     "draft2019-09": frozenset(SUPPORTED_FORMATS),
     "draft2020-12": frozenset(SUPPORTED_FORMATS),
 }
@@ -350,6 +371,9 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
       - uri-template: RFC 6570 level 4 (`_uri_template`), a varname starting with a letter, digit or `_`, prefix
         lengths below 1000; the checker (the `uri-template` package) takes any literal but `{` and `}`, and the
         reserved operator `,`, defaults and `/keys` in varspecs.
+      - json-pointer: exact (RFC 6901, any Unicode scalar value in a token).
+      - relative-json-pointer: ASCII digits, and an integer with its one `0` last or `0` alone (the checker rejects
+        `100`, `101`, ...: see `_relative_json_pointer`); no `+`/`-` index adjustment (the checker takes none).
     The caller adds JSON quoting and escaping.
 
     Args:

@@ -206,10 +206,10 @@ ERROR_CASES = [
     ({"$dynamicRef": "#x"}, UnsupportedSchema, "/$dynamicRef"),
     ({"type": "array", "uniqueItems": True}, UnsupportedSchema, "/uniqueItems"),
     ({"$ref": "https://example.com/s.json"}, UnsupportedSchema, "/$ref"),
-    ({"type": "string", "format": "json-pointer"}, UnsupportedSchema, "/format"),
+    ({"type": "string", "format": "idn-hostname"}, UnsupportedSchema, "/format"),
     ({"type": "integer", "minimum": 5, "maximum": 1}, UnsupportedSchema, ""),
     (False, UnsupportedSchema, ""),
-    ({"allOf": [{"type": "string", "format": "date"}, {"format": "json-pointer"}]}, UnsupportedSchema, "/allOf/1/format"),
+    ({"allOf": [{"type": "string", "format": "date"}, {"format": "idn-hostname"}]}, UnsupportedSchema, "/allOf/1/format"),
 ]
 
 
