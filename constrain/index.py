@@ -437,7 +437,7 @@ class TokenIndex:
             # per state: with nothing spilled, no counter and no budget, every deep token's bit is the row's (the
             # cursor then takes the plain row without building a key)
             self._calm: list[bool] = _calm_states(self._tflat, n_classes, self._byte_class, spill, self._deep)
-        # The cursor's walk of long tokens (and of every token under counters) in C, where it is built.
+        # The cursor's walk of long tokens (`_C_STEP_BYTES`), counted or not, in C where it is built.
         self._stepper = None if lib is None else lib.stepper(
             self._tflat, n_classes, class_of[:256], None if counters is None else self._eff_flat,
             None if counters is None else self._limits, spill if self._stacked else None,
@@ -1455,8 +1455,8 @@ class TokenState:
             s, count, limit, at, stack = idx._stepper.counted(data, s, self._count, self._limit, self._stack)
         else:
             spilled = list(self._stack) if idx._stacked else None
-            s, count, limit, at = walk_counted(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits, s,
-                                               data, self._count, self._limit,
+            s, count, limit, at = walk_counted(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view,
+                                               idx._limits, s, data, self._count, self._limit,
                                                idx._spill_view if idx._stacked else None,
                                                idx._refill_view if idx._stacked else None, spilled)
             stack = self._stack if spilled is None else tuple(spilled)
