@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema
+from constrain.numbers import _naturals
 
 
 def _bytes_of(spec: str) -> fa.Expr:
@@ -256,6 +257,53 @@ def _relative_json_pointer() -> fa.Expr:
     return fa.concat(integer, fa.union(_lit("#"), _json_pointer()))
 
 
+# --- regex (the subset of ECMA-262 patterns that Python's `re` reads alike) -------------------------------------
+
+# Groups nest at most this deep in a `format: regex` value: the language of balanced parentheses is not regular.
+REGEX_GROUP_DEPTH = 3
+
+
+def _regex() -> fa.Expr:
+    """Patterns valid both as ECMA-262 (with the `u` flag) and for Python's `re.compile` (python-jsonschema's
+    checker), from a subset: literal characters (printable ASCII but the syntax characters and a lone `]` or `}`;
+    any non-ASCII character), `.`, escapes of the syntax characters and `/`, `\\d\\D\\w\\W\\s\\S\\n\\t\\r\\f\\v`,
+    classes `[...]`/`[^...]` of such characters (also `\\-`; no `[`, `^` after the first, `|`, `&` or `~`, whose
+    doubles Python reads as future set operations) and of ranges inside `0-9`, `A-Z` or `a-z` in order, the anchors
+    `^`, `$`, `\\b`, `\\B` (never quantified), groups `(...)` and `(?:...)` nested up to `REGEX_GROUP_DEPTH`,
+    alternation, and one quantifier an atom (`*`, `+`, `?`, `{n}`, `{n,}`, `{n,m}`: numbers below 10,000 without
+    leading zeros, n <= m with n of one digit, or of two and m of more digits or a larger first one), lazy or not. No backreferences, lookaround, named groups, flags or Unicode property escapes."""
+    specials = "\\^$.|?*+()[]{}"
+    non_ascii = fa.chars([(0x80, fa.MAX_UNICODE)])
+    literal = fa.union(_bytes_of(" !\"#%&',-/0-9:;<=>@A-Z_`a-z~"), non_ascii)
+    escaped = fa.concat(_lit("\\"), fa.byte_set([(ord(c), ord(c)) for c in specials + "/"]))
+    class_escape = fa.concat(_lit("\\"), _bytes_of("dDwWsSntrfv"))
+    ranges = fa.union(*(fa.concat(_lit(chr(lo)), _lit("-"), fa.byte_set([(lo, end)]))
+                        for first, end in ((0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)) for lo in range(first, end + 1)))
+    member = fa.union(_bytes_of(" !\"#$%'()*+,./0-9:;<=>?@A-Z_`a-z{}"), non_ascii, escaped, _lit("\\-"), class_escape,
+                      ranges)
+    char_class = fa.concat(_lit("["), fa.optional(_lit("^")), fa.repeat(member, 1), _lit("]"))
+    count = _naturals(0, 9999)
+    # n <= m: a one-digit n, or a two-digit n and an m of more digits or with a larger first digit (comparing whole
+    # two-digit pairs would keep 100 states for every depth of group)
+    ordered = fa.union(*(fa.concat(_lit(f"{n},"), _naturals(n, 9999)) for n in range(10)),
+                       *(fa.concat(_lit(str(d)), _DIGIT, _lit(","),
+                                   fa.union(_naturals(100, 9999), fa.concat(_bytes_of(f"{d + 1}-9"), _DIGIT)))
+                         for d in range(1, 9)),
+                       fa.concat(_lit("9"), _DIGIT, _lit(","), _naturals(100, 9999)))
+    quantifier = fa.concat(
+        fa.union(_bytes_of("*+?"), fa.concat(_lit("{"), fa.union(count, fa.concat(count, _lit(",")), ordered), _lit("}"))),
+        fa.optional(_lit("?")))
+    anchor = fa.union(_bytes_of("^$"), fa.concat(_lit("\\"), _bytes_of("bB")))
+    atom = fa.union(literal, escaped, class_escape, _lit("."), char_class)
+    alternation = None
+    for _ in range(REGEX_GROUP_DEPTH + 1):
+        if alternation is not None:
+            atom = fa.union(atom, fa.concat(fa.union(_lit("("), _lit("(?:")), alternation, _lit(")")))
+        branch = fa.repeat(fa.union(fa.concat(atom, fa.optional(quantifier)), anchor), 0)
+        alternation = fa.concat(branch, fa.repeat(fa.concat(_lit("|"), branch), 0))
+    return alternation
+
+
 _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "date": lambda: _DATE,
     "time": lambda: _TIME,
@@ -273,6 +321,7 @@ _FORMATS: dict[str, Callable[[], fa.Expr]] = {
     "uri-template": _uri_template,
     "json-pointer": _json_pointer,
     "relative-json-pointer": _relative_json_pointer,
+    "regex": _regex,
 }
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
@@ -288,10 +337,10 @@ _META_SCHEMAS = {
     "https://json-schema.org/draft/2019-09/schema": "draft2019-09",
     "https://json-schema.org/draft/2020-12/schema": "draft2020-12",
 }
-_EARLY = frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri"})
+_EARLY = frozenset({"date-time", "email", "hostname", "ipv4", "ipv6", "uri", "regex"})
 _ASSERTED = {
     # draft 3 checks `time` as strptime("%H:%M:%S") (no offset), not RFC 3339: see `is_asserted`
-    "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri"}),
+    "draft3": frozenset({"date", "date-time", "email", "ipv6", "time", "uri", "regex"}),
     "draft4": _EARLY,
     "draft6": _EARLY | {"uri-reference", "uri-template", "json-pointer"},
     "draft7": _EARLY | {"date", "time", "uri-reference", "iri", "iri-reference", "uri-template", "json-pointer",
@@ -371,6 +420,8 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
       - uri-template: RFC 6570 level 4 (`_uri_template`), a varname starting with a letter, digit or `_`, prefix
         lengths below 1000; the checker (the `uri-template` package) takes any literal but `{` and `}`, and the
         reserved operator `,`, defaults and `/keys` in varspecs.
+      - regex: the subset `_regex` describes (groups nested at most `REGEX_GROUP_DEPTH` deep), valid for ECMA-262
+        and for Python's `re`, which the checker compiles with.
       - json-pointer: exact (RFC 6901, any Unicode scalar value in a token).
       - relative-json-pointer: ASCII digits, and an integer with its one `0` last or `0` alone (the checker rejects
         `100`, `101`, ...: see `_relative_json_pointer`); no `+`/`-` index adjustment (the checker takes none).
