@@ -84,7 +84,7 @@ def token_level(cases: list, results: dict, n_cases: int = 40, walks: int = 5) -
     pool = [c for c in cases if results[c.id]["status"] == "compiled" and c.instances]
     counts = collections.Counter()
     for case in rng.sample(pool, min(n_cases, len(pool))):
-        index = compile_json_schema(case.schema, vocab, cache=None)
+        index = compile_json_schema(case.compiled_schema, vocab, cache=None)
         oracle = corpus.validator(case.schema, case.draft)
         writer = corpus.CanonicalWriter(case.schema, oracle=oracle)
         for inst in case.instances:

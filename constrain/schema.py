@@ -63,6 +63,8 @@ APPLIED = frozenset(
 )
 # Keywords rewritten into allOf/anyOf parts before merging (see `_desugar`).
 DESUGARED = frozenset({"dependencies", "dependentRequired", "dependentSchemas", "if", "then", "else"})
+# Drafts whose `$ref` overrides its sibling keywords ("All other properties in a "$ref" object MUST be ignored").
+_REF_ALONE_DRAFTS = ("draft3", "draft4", "draft6", "draft7")
 NOT_MARK = "#not"  # pushed on the `$ref` stack at each `not`: recursion is counted afresh inside the operand
 MAX_NOT_NESTING = 16
 MAX_PATTERN_PROPERTIES = 8
@@ -977,6 +979,12 @@ class _Compiler:
             if seen > 64:
                 raise UnsupportedSchema("chain of more than 64 '$ref's", pointer=pointer)
             siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            if siblings and self.draft in _REF_ALONE_DRAFTS:
+                # up to draft 7 a `$ref` stands alone: its siblings are not keywords there (python-jsonschema skips
+                # them too)
+                self.ignored.extend(join_pointer(pointer, k) for k in siblings
+                                    if k not in ANNOTATIONS and k not in ("$defs", "definitions"))
+                siblings = {}
             if target is False:
                 return None, pointer, refs
             if target is True:

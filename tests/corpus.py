@@ -53,6 +53,19 @@ class Case:
     instances: list[Instance] = field(default_factory=list)
     draft: str | None = None  # the oracle's draft when the schema has no `$schema` (Draft 2020-12 if None)
 
+    @property
+    def compiled_schema(self) -> Any:
+        """The schema as the compiler is given it: with its draft's `$schema` when it names none (the test suite's
+        draft-7 files leave the draft to the runner), so that compiler and oracle read the same draft."""
+        uri = _META_URIS.get(self.draft)
+        if uri is None or not isinstance(self.schema, dict) or "$schema" in self.schema:
+            return self.schema
+        return {"$schema": uri, **self.schema}
+
+
+# the `$schema` of each oracle draft a corpus names (`Case.draft`)
+_META_URIS = {"Draft7Validator": "http://json-schema.org/draft-07/schema#"}
+
 
 # ---------------------------------------------------------------------------
 # loaders
@@ -477,7 +490,7 @@ def run_case(case: Case, options: dict | None = None) -> dict:
     out: dict[str, Any] = {"status": None, "reason": "", "pointer": None, "ms": None, "states": None, "instances": {}, "label_disagreements": 0}
     start = time.perf_counter()
     try:
-        compiled = compile_schema(case.schema, **(options or OPTIONS))
+        compiled = compile_schema(case.compiled_schema, **(options or OPTIONS))
     except fa.BudgetExceeded as err:
         out.update(status="BudgetExceeded", reason=short_reason(err), pointer=err.pointer)
     except UnsupportedSchema as err:

@@ -263,7 +263,7 @@ def _walk_cases(cases: list[corpus.Case], n_walks: int) -> None:
     bad = {}
     for case in cases:
         try:
-            dfa = compile_schema(case.schema, **corpus.OPTIONS).dfa
+            dfa = compile_schema(case.compiled_schema, **corpus.OPTIONS).dfa
         except (InvalidSchema, UnsupportedSchema):
             continue
         compiled += 1

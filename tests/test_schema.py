@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -150,6 +151,18 @@ def test_allof_closed_object_governs_the_other_parts_properties():
 def test_ref_with_siblings_is_merged():
     schema = {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 2}
     check(schema, ['"ab"'], ['"abc"', "1"])
+
+
+@pytest.mark.parametrize("uri", ["http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-04/schema#"])
+def test_ref_stands_alone_up_to_draft_7(uri):
+    """Up to draft 7 a `$ref`'s siblings are ignored (as python-jsonschema does), and listed as ignored keywords."""
+    schema = {"$schema": uri, "definitions": {"s": {"type": "array"}},
+              "properties": {"x": {"$ref": "#/definitions/s", "maxItems": 2, "description": "kept as an annotation"}}}
+    compiled = compile_schema(schema)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text, valid in (('{"x":[1,2,3]}', True), ('{"x":[]}', True), ('{"x":"a"}', False)):
+        assert compiled.dfa.matches(text.encode()) == valid == validator.is_valid(json.loads(text)), text
+    assert compiled.ignored_keywords == ["/properties/x/maxItems"]
 
 
 # ---------------------------------------------------------------------------
