@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema
-from constrain.numbers import _naturals
+from constrain.numbers import integer_expr
 
 
 def _bytes_of(spec: str) -> fa.Expr:
@@ -283,14 +283,14 @@ def _regex() -> fa.Expr:
     member = fa.union(_bytes_of(" !\"#$%'()*+,./0-9:;<=>?@A-Z_`a-z{}"), non_ascii, escaped, _lit("\\-"), class_escape,
                       ranges)
     char_class = fa.concat(_lit("["), fa.optional(_lit("^")), fa.repeat(member, 1), _lit("]"))
-    count = _naturals(0, 9999)
+    count = integer_expr(0, 9999)
     # n <= m: a one-digit n, or a two-digit n and an m of more digits or with a larger first digit (comparing whole
     # two-digit pairs would keep 100 states for every depth of group)
-    ordered = fa.union(*(fa.concat(_lit(f"{n},"), _naturals(n, 9999)) for n in range(10)),
+    ordered = fa.union(*(fa.concat(_lit(f"{n},"), integer_expr(n, 9999)) for n in range(10)),
                        *(fa.concat(_lit(str(d)), _DIGIT, _lit(","),
-                                   fa.union(_naturals(100, 9999), fa.concat(_bytes_of(f"{d + 1}-9"), _DIGIT)))
+                                   fa.union(integer_expr(100, 9999), fa.concat(_bytes_of(f"{d + 1}-9"), _DIGIT)))
                          for d in range(1, 9)),
-                       fa.concat(_lit("9"), _DIGIT, _lit(","), _naturals(100, 9999)))
+                       fa.concat(_lit("9"), _DIGIT, _lit(","), integer_expr(100, 9999)))
     quantifier = fa.concat(
         fa.union(_bytes_of("*+?"), fa.concat(_lit("{"), fa.union(count, fa.concat(count, _lit(",")), ordered), _lit("}"))),
         fa.optional(_lit("?")))
