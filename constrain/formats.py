@@ -272,7 +272,8 @@ def _regex() -> fa.Expr:
     doubles Python reads as future set operations) and of ranges inside `0-9`, `A-Z` or `a-z` in order, the anchors
     `^`, `$`, `\\b`, `\\B` (never quantified), groups `(...)` and `(?:...)` nested up to `REGEX_GROUP_DEPTH`,
     alternation, and one quantifier an atom (`*`, `+`, `?`, `{n}`, `{n,}`, `{n,m}`: numbers below 10,000 without
-    leading zeros, n <= m with n of one digit, or of two and m of more digits or a larger first one), lazy or not. No backreferences, lookaround, named groups, flags or Unicode property escapes."""
+    leading zeros, n <= m with n of one digit, or of two and m of more digits or a larger first one), lazy or not.
+    No backreferences, lookaround, named groups, flags or Unicode property escapes."""
     specials = "\\^$.|?*+()[]{}"
     non_ascii = fa.chars([(0x80, fa.MAX_UNICODE)])
     literal = fa.union(_bytes_of(" !\"#%&',-/0-9:;<=>@A-Z_`a-z~"), non_ascii)
@@ -291,9 +292,8 @@ def _regex() -> fa.Expr:
                                    fa.union(integer_expr(100, 9999), fa.concat(_bytes_of(f"{d + 1}-9"), _DIGIT)))
                          for d in range(1, 9)),
                        fa.concat(_lit("9"), _DIGIT, _lit(","), integer_expr(100, 9999)))
-    quantifier = fa.concat(
-        fa.union(_bytes_of("*+?"), fa.concat(_lit("{"), fa.union(count, fa.concat(count, _lit(",")), ordered), _lit("}"))),
-        fa.optional(_lit("?")))
+    bounds = fa.union(fa.concat(count, fa.optional(_lit(","))), ordered)
+    quantifier = fa.concat(fa.union(_bytes_of("*+?"), fa.concat(_lit("{"), bounds, _lit("}"))), fa.optional(_lit("?")))
     anchor = fa.union(_bytes_of("^$"), fa.concat(_lit("\\"), _bytes_of("bB")))
     atom = fa.union(literal, escaped, class_escape, _lit("."), char_class)
     alternation = None
@@ -387,8 +387,8 @@ def is_asserted(name: str, draft: str, *, pointer: str = "") -> bool:
     A supported format that the draft does not define (draft 4 and 6: date, time, duration, uuid; draft 7: duration,
     uuid) is an annotation under that draft, as python-jsonschema treats it: False. So is a custom format, one that no
     specification of the draft defines (`url`, `byte`, `semver`, ...: JSON Schema leaves those to the application,
-    and validators pass every value). A name the draft defines that constrain does not support (`uri-template`,
-    `regex`, ...) is True, so that `format_expr` refuses it.
+    and validators pass every value). A name the draft defines that constrain does not support (`idn-hostname`,
+    `idn-email`, ...) is True, so that `format_expr` refuses it.
 
     Raises:
         UnsupportedSchema: draft 3's `time` (a different language: `HH:MM:SS` without offset).

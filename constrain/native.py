@@ -1394,10 +1394,11 @@ class NativeAutomata:
                                     ctypes.c_int64, p, p, p, ctypes.c_int32, p, p, p, ctypes.c_int64]
         self._walk_many.restype = ctypes.c_int32
         # (through a PyDLL handle: the GIL stays held, as a cursor's step is shorter than a GIL hand-over)
-        self._step = ctypes.PyDLL(lib._name).constrain_step
+        held = ctypes.PyDLL(lib._name)
+        self._step = held.constrain_step
         self._step.argtypes = [p, ctypes.c_char_p, ctypes.c_int32, p, p]
         self._step.restype = None
-        self._step_plain = ctypes.PyDLL(lib._name).constrain_step_plain
+        self._step_plain = held.constrain_step_plain
         self._step_plain.argtypes = [p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int64]
         self._step_plain.restype = ctypes.c_int64
         self._first_live = lib.constrain_first_live
@@ -1584,13 +1585,15 @@ class NativeAutomata:
 class Stepper:
     """`automaton.walk_counted` in C for one index's tables (kept alive here): a cursor's step over one token."""
 
-    __slots__ = ("_keep", "_ctx", "_plain", "_step")
+    __slots__ = ("_keep", "_ctx", "_plain", "_step", "_stacked")
 
     def __init__(self, lib: NativeAutomata, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
                  effect: np.ndarray | None, limits: Sequence[int] | None, spill: np.ndarray | None,
                  refill: np.ndarray | None):
         if tflat.dtype != np.int32 or not tflat.flags.c_contiguous:
-            raise ValueError("the stepper walks a contiguous int32 table")
+            raise ValueError(f"the stepper walks a contiguous int32 table, got {tflat.dtype} "
+                             f"({'' if tflat.flags.c_contiguous else 'not '}contiguous)")
+        self._stacked = spill is not None
         keep = [tflat, np.ascontiguousarray(byte_class[:256], np.int32)]
         for arr, dtype in ((effect, np.int8), (None if limits is None else np.asarray(limits), np.int64),
                            (spill, np.int8), (refill, np.int64)):
@@ -1612,7 +1615,7 @@ class Stepper:
         the index keeps deep values (else `stack` itself)."""
         n = len(data)
         io = array.array("q", (state, count, limit, -1, len(stack)))
-        if self._keep[4] is None:
+        if not self._stacked:
             self._step(data, n, io.buffer_info()[0], None)
             return io[0], io[1], io[2], io[3], stack
         buf = array.array("i", stack)
