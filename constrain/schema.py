@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable
+from urllib.parse import unquote, urldefrag, urljoin
 
 import numpy as np
 
@@ -222,12 +223,16 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     # schema is compiled again within the same time budget: free-form values nested at most max_depth (if it made
     # any; also when it is over the state budget with them), then without counters either.
     deadline = time.monotonic() + opts.timeout_s
+    from constrain import formats as _formats
+
+    schema, ref_errors = _with_document_refs(schema, _formats.draft_of(schema))
     made: list[_Compiler] = []
     for counters, stack in ((True, True), (True, False), (False, False)):
         if stack is False and counters and not (made and made[-1].stacked[0]):
             continue  # (no free-form value was nested on the stack: the same compile again)
         try:
-            compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=counters, stack=stack, made=made)
+            compiler, dfa, parts = _compile_with(schema, opts, pointer, deadline, counters=counters, stack=stack, made=made,
+                                                 ref_errors=ref_errors)
         except fa.CountedProduct:
             continue
         except fa.BudgetExceeded:
@@ -256,11 +261,13 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
 
 
 def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, deadline: float, *,
-                  counters: bool, stack: bool = False, made: list | None = None) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
+                  counters: bool, stack: bool = False, made: list | None = None,
+                  ref_errors: dict[str, Exception] | None = None) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
     """The compiler and DFA of `schema`, by `deadline` (`time.monotonic()`); `counters`: long `maxLength`s counted
     beside the automaton where they can be (see `_Compiler.string`); `stack` (with counters): free-form values nested
     to any depth (`any_value`). The compiler is also appended to `made`."""
     compiler = _Compiler(schema, opts, pointer)
+    compiler.ref_errors = ref_errors or {}
     compiler.deadline = deadline
     compiler.counters = counters
     compiler.stack = counters and stack
@@ -300,42 +307,201 @@ def _finite_texts(dfa: fa.Dfa, limit: int) -> list[bytes] | None:
 
 # Keywords whose values are JSON data, not subschemas: an `id` key inside them declares nothing.
 _DATA_KEYWORDS = frozenset({"enum", "const", "examples", "default"})
+# Keywords whose value maps names to schemas: a name there is no keyword (a property may be called `default`).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                          "dependencies"})
 
 
-def _anchors_of(root: Any, draft: str) -> tuple[dict[str, list[str]], str | None]:
-    """The anchors `root` declares under `draft` (name -> JSON Pointers of the subschemas declaring it), and the
-    pointer of a subschema (not the root) whose `$id`/`id` changes the base URI, if any (None)."""
-    if draft in ("draft2019-09", "draft2020-12"):
-        key, id_keys = "$anchor", ("$id",)
-    elif draft in ("draft3", "draft4"):
-        key, id_keys = "id", ("id",)
-    else:
-        key, id_keys = "$id", ("$id",)
-    found: dict[str, list[str]] = {}
-    rebased: str | None = None
-    stack: list[tuple[Any, str]] = [(root, "")]
+# Per draft, the keywords whose values are subschemas, as python-jsonschema's `referencing` crawls a document for
+# `$id`s (an `$id` anywhere else, in an unknown keyword's value say, declares nothing): (in the value, in the items
+# of an array, in the values of an object). `items` (either form) is added from draft 2019-09 back, `dependencies`
+# (schema values) and up to draft 4 a schema-valued `additionalItems`/`additionalProperties` in `_subschemas`.
+_LEGACY_SUBVALUES = frozenset({"definitions", "patternProperties", "properties"})
+_SUBSCHEMA_KEYWORDS: dict[str, tuple[frozenset[str], frozenset[str], frozenset[str]]] = {
+    "draft2020-12": (frozenset({"additionalProperties", "contains", "contentSchema", "else", "if", "items", "not",
+                                "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties"}),
+                     frozenset({"allOf", "anyOf", "oneOf", "prefixItems"}),
+                     frozenset({"$defs", "definitions", "dependentSchemas", "patternProperties", "properties"})),
+    "draft2019-09": (frozenset({"additionalItems", "additionalProperties", "contains", "contentSchema", "else", "if",
+                                "not", "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties"}),
+                     frozenset({"allOf", "anyOf", "oneOf"}),
+                     frozenset({"$defs", "definitions", "dependentSchemas", "patternProperties", "properties"})),
+    "draft7": (frozenset({"additionalItems", "additionalProperties", "contains", "else", "if", "not", "propertyNames",
+                          "then"}), frozenset({"allOf", "anyOf", "oneOf"}), _LEGACY_SUBVALUES),
+    "draft6": (frozenset({"additionalItems", "additionalProperties", "contains", "not", "propertyNames"}),
+               frozenset({"allOf", "anyOf", "oneOf"}), _LEGACY_SUBVALUES),
+    "draft4": (frozenset({"not"}), frozenset({"allOf", "anyOf", "oneOf"}), _LEGACY_SUBVALUES),
+    "draft3": (frozenset(), frozenset({"extends"}), _LEGACY_SUBVALUES),
+}
+
+
+def _subschemas(node: dict, draft: str) -> list[tuple[tuple[str | int, ...], Any]]:
+    """The subschemas of `node` under `draft` that `referencing` crawls for `$id`s: (path from node, subschema)."""
+    in_value, in_array, in_values = _SUBSCHEMA_KEYWORDS[draft]
+    out: list[tuple[tuple[str | int, ...], Any]] = []
+    for key, value in node.items():
+        if key in in_value or (key == "items" and draft != "draft2020-12"):
+            if isinstance(value, list) and key == "items":
+                out.extend(((key, i), v) for i, v in enumerate(value))
+            else:
+                out.append(((key,), value))
+        elif key in in_array and isinstance(value, list):
+            out.extend(((key, i), v) for i, v in enumerate(value))
+        elif key in in_values and isinstance(value, dict):
+            out.extend(((key, k), v) for k, v in value.items())
+        elif key == "dependencies" and draft not in ("draft2019-09", "draft2020-12") and isinstance(value, dict):
+            out.extend(((key, k), v) for k, v in value.items() if isinstance(v, dict))
+        elif key in ("additionalItems", "additionalProperties") and draft in ("draft3", "draft4") and isinstance(value, dict):
+            out.append(((key,), value))
+    return out
+
+
+def _join_uri(base: str, ref: str) -> str:
+    """`ref` resolved against the base URI `base` (RFC 3986, as `referencing` does; a fragment alone keeps the base
+    whatever its scheme, `urn:` included)."""
+    if ref.startswith("#"):
+        return base + ref
+    return urljoin(base, ref) if base else ref
+
+
+def _pointer_ref(pointer: str) -> str:
+    """A `$ref` to `pointer` in the document: its tokens are unquoted when read (`_Compiler.lookup`)."""
+    return "#" + pointer.replace("%", "%25")
+
+
+def _plain_refs(root: Any) -> bool:
+    """Whether no object below `root` declares an `$id` or `id` (a string) and every `$ref` is a JSON Pointer
+    fragment (`#` or `#/...`): then `lookup` resolves every `$ref` against the root as it is (one quick walk)."""
+    containers = (dict, list)
+    stack: list[tuple[Any, bool]] = [(root, False)] if type(root) in containers else []  # (node, a map of schemas?)
+    pop, push = stack.pop, stack.append
     while stack:
-        node, at = stack.pop()
+        node, schemas = pop()
+        if type(node) is list:
+            for v in node:
+                if type(v) in containers:
+                    push((v, False))
+        elif schemas:
+            for v in node.values():
+                if type(v) in containers:
+                    push((v, False))
+        else:
+            ref = node.get("$ref")
+            if type(ref) is str and ref != "#" and not ref.startswith("#/"):
+                return False
+            if node is not root and (type(node.get("$id")) is str or type(node.get("id")) is str):
+                return False
+            for k, v in node.items():
+                if type(v) in containers and k not in _DATA_KEYWORDS:
+                    push((v, k in _SCHEMA_MAPS))
+    return True
+
+
+def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception]]:
+    """`root` with every `$ref` that an `$id` scopes, or that names a schema by URI, rewritten as a JSON Pointer into
+    `root` (`#/...`), as `referencing` resolves it: `$id`s (`id` in drafts 3-4) set the base URI of their subschemas
+    (up to draft 7 not beside a `$ref`, which stands alone), `$anchor`s and `$dynamicAnchor`s (`$id: "#name"` up to
+    draft 7) name subschemas within their resource. `root` itself when no `$id` below the root changes the base and
+    every `$ref` is a JSON Pointer fragment (`lookup` resolves those against the root).
+
+    A `$ref` that does not resolve in the document keeps its text when it names another document (`lookup` refuses
+    it), else becomes a marker `lookup` raises the returned error for.
+    """
+    if _plain_refs(root):
+        return root, {}
+    draft = draft if draft in _SUBSCHEMA_KEYWORDS else "draft2020-12"
+    legacy = draft in _REF_ALONE_DRAFTS
+    id_key = "id" if draft in ("draft3", "draft4") else "$id"
+    # the resources: absolute URI -> pointer (None: declared twice), and by pointer the base URI each sets; anchors
+    # by (resource URI, name) -> pointers
+    resources: dict[str, str | None] = {}
+    base_at: dict[str, str] = {}
+    anchors: dict[tuple[str, str], list[str]] = {}
+    rebased = False
+    stack: list[tuple[Any, str, str]] = [(root, "", "")]
+    while stack:
+        node, at, base = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        declared = node.get(id_key)
+        if isinstance(declared, str):
+            uri, fragment = urldefrag(declared)
+            if uri and not (legacy and "$ref" in node):
+                base = urldefrag(_join_uri(base, uri))[0]
+                resources[base] = at if resources.get(base, at) == at else None
+                base_at[at] = base
+                rebased = rebased or bool(at)
+            if legacy and fragment and not uri:
+                anchors.setdefault((base, fragment), []).append(at)
+        if not legacy:
+            for key in ("$anchor", "$dynamicAnchor") if draft == "draft2020-12" else ("$anchor",):
+                if isinstance(node.get(key), str):
+                    anchors.setdefault((base, node[key]), []).append(at)
+        stack.extend((child, join_pointer(at, *path), base) for path, child in _subschemas(node, draft))
+    refs: list[tuple[Any, str]] = []  # (the node holding a `$ref`, the base URI where it sits)
+    foreign = False
+    walk: list[tuple[Any, str, str, bool]] = [(root, "", base_at.get("", ""), False)]  # (.., a map of schemas?)
+    while walk:
+        node, at, base, schemas = walk.pop()
         if isinstance(node, list):
-            stack.extend((child, f"{at}/{i}") for i, child in enumerate(node))
+            walk.extend((child, join_pointer(at, i), base, False) for i, child in enumerate(node))
             continue
         if not isinstance(node, dict):
             continue
-        name = node.get(key)
-        if isinstance(name, str):
-            if key == "$anchor":
-                found.setdefault(name, []).append(at)
-            elif name.startswith("#") and len(name) > 1:
-                found.setdefault(name[1:], []).append(at)
-        for id_key in id_keys:
-            base = node.get(id_key)
-            if at and isinstance(base, str) and not base.startswith("#") and rebased is None:
-                rebased = at
-        for k, child in node.items():
-            if k not in _DATA_KEYWORDS:
-                # (`lookup` unquotes each token: a '%' is written %25)
-                stack.append((child, f"{at}/{k.replace('~', '~0').replace('/', '~1').replace('%', '%25')}"))
-    return found, rebased
+        if schemas:  # `properties` and the like: every value is a schema, whatever its name
+            walk.extend((child, join_pointer(at, k), base, False) for k, child in node.items())
+            continue
+        base = base_at.get(at, base)
+        if isinstance(node.get("$ref"), str):
+            refs.append((node, base))
+            foreign = foreign or not (node["$ref"] == "#" or node["$ref"].startswith("#/"))
+        walk.extend((child, join_pointer(at, k), base, k in _SCHEMA_MAPS) for k, child in node.items()
+                    if k not in _DATA_KEYWORDS)
+    resources.setdefault("", "")  # a document without `$id`: refs resolve against it
+    if not rebased and not foreign:
+        return root, {}
+    errors: dict[str, Exception] = {}
+    targets: dict[int, str] = {}
+    for node, base in refs:
+        ref = node["$ref"]
+        uri, fragment = urldefrag(_join_uri(base, ref))
+        if uri not in resources:
+            continue  # another document: `lookup` refuses it
+        start = resources[uri]
+        if start is None:
+            marker = f"#\x00{len(errors)}"
+            errors[marker] = UnsupportedSchema(f"'$ref' {ref!r}: two subschemas declare the URI {uri!r}")
+            targets[id(node)] = marker
+        elif fragment and not fragment.startswith("/"):
+            where = anchors.get((uri, unquote(fragment)), [])
+            if len(where) == 1:
+                targets[id(node)] = _pointer_ref(where[0])
+            else:
+                marker = f"#\x00{len(errors)}"
+                errors[marker] = (InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema of {uri or 'the document'}"
+                                                " declares that anchor") if not where else
+                                  UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'},"
+                                                    f" {where[1]})"))
+                targets[id(node)] = marker
+        else:
+            targets[id(node)] = _pointer_ref(start) + fragment
+    return _copy_replacing_refs(root, targets), errors
+
+
+def _copy_replacing_refs(node: Any, targets: dict[int, str], schemas: bool = False) -> Any:
+    """A copy of the schema `node` (`schemas`: of a map of schemas, `properties` say) whose objects named in `targets`
+    (by identity) have that `$ref` instead (data keywords' values are shared, not copied)."""
+    if isinstance(node, list):
+        return [_copy_replacing_refs(v, targets) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if schemas:
+        return {k: _copy_replacing_refs(v, targets) for k, v in node.items()}
+    out = {k: (v if k in _DATA_KEYWORDS else _copy_replacing_refs(v, targets, k in _SCHEMA_MAPS))
+           for k, v in node.items()}
+    if id(node) in targets:
+        out["$ref"] = targets[id(node)]
+    return out
 
 
 def _first_symbols(dfa: fa.Dfa) -> frozenset:
@@ -846,7 +1012,7 @@ class _Compiler:
         from constrain import formats as _formats
 
         self.draft = _formats.draft_of(root)  # which `format`s assert anything (the rest are annotations)
-        self._anchors: tuple[dict[str, list[str]], str | None] | None = None  # `anchor`, on first use
+        self.ref_errors: dict[str, Exception] = {}  # `$ref` marker -> its error (`_with_document_refs`)
         self._any_cache: dict[tuple[str, int, int], fa.Expr] = {}
         # Under a oneOf, every object orders its keys by one ranking of the names the oneOf mentions (and gives each
         # ranked name a slot wherever it may appear), so a value has one text in every branch: that is what makes
@@ -1082,14 +1248,18 @@ class _Compiler:
         return out
 
     def lookup(self, ref: str, pointer: str) -> tuple[Any, str]:
+        """The subschema `$ref` `ref` names and its JSON Pointer; `ref` starts with '#' here unless it names another
+        document (`_with_document_refs` rewrote those an `$id` scopes)."""
         if not ref.startswith("#"):
-            raise UnsupportedSchema(f"only local '$ref's (starting with '#') are supported, got {ref!r}", pointer=pointer)
+            raise UnsupportedSchema(f"'$ref' {ref!r} names a schema outside this document; only references within it"
+                                    " are supported", pointer=pointer)
+        error = self.ref_errors.get(ref)
+        if error is not None:
+            raise type(error)(error.message, pointer=pointer)
         node: Any = self.root
-        from urllib.parse import unquote
-
         path = ref[1:]
-        if path and not path.startswith("/"):
-            path = self.anchor(unquote(path), ref, pointer)
+        if path and not path.startswith("/"):  # (anchors were rewritten as pointers)
+            raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
         for token in [t for t in path.split("/")[1:]]:
             token = unquote(token).replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and token in node:
@@ -1099,29 +1269,6 @@ class _Compiler:
             else:
                 raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
         return node, self.base + path
-
-    def anchor(self, name: str, ref: str, pointer: str) -> str:
-        """The JSON Pointer (in the root) of the subschema that `name` anchors: `$anchor` (2019-09, 2020-12), or an
-        `$id` (drafts 6, 7) / `id` (drafts 3, 4) of `#name`, as python-jsonschema reads the schema's draft.
-
-        Raises:
-            UnsupportedSchema: a subschema changes the base URI (an `$id` with more than a fragment), which scopes
-                anchors; or two subschemas declare the anchor.
-            InvalidSchema: no subschema declares it.
-        """
-        if self._anchors is None:
-            self._anchors = _anchors_of(self.root, self.draft)
-        found, rebased = self._anchors
-        if rebased is not None:
-            raise UnsupportedSchema(f"'$ref' to an anchor ({ref!r}) in a schema whose subschema at {rebased or '/'} "
-                                    "changes the base URI is not supported", pointer=pointer)
-        where = found.get(name)
-        if where is None:
-            raise InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema declares that anchor", pointer=pointer)
-        if len(where) > 1:
-            raise UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'}, {where[1]})",
-                                    pointer=pointer)
-        return where[0]
 
     # -- merging (allOf, $ref with siblings) -------------------------------------
 

@@ -301,7 +301,13 @@ def test_ref_to_an_anchor_resolves_as_jsonschema_does(schema):
 
 
 @pytest.mark.parametrize(("schema", "cls"), [
-    ({"$defs": {"a": {"$id": "http://x/a.json", "$anchor": "p", "type": "integer"}}, "$ref": "#p"}, UnsupportedSchema),
+    # the anchor is declared in the resource http://x/a.json, not in the document's root resource
+    ({"$defs": {"a": {"$id": "http://x/a.json", "$anchor": "p", "type": "integer"}}, "$ref": "#p"}, InvalidSchema),
+    # two subschemas declare the same URI
+    ({"$defs": {"a": {"$id": "http://x/a.json"}, "b": {"$id": "http://x/a.json"}}, "$ref": "http://x/a.json"},
+     UnsupportedSchema),
+    ({"$ref": "https://json-schema.org/draft/2020-12/schema"}, UnsupportedSchema),  # another document
+    ({"$id": "http://x/root.json", "$ref": "other.json#/a"}, UnsupportedSchema),
     ({"$defs": {"a": {"$anchor": "p"}, "b": {"$anchor": "p"}}, "$ref": "#p"}, UnsupportedSchema),
     ({"$defs": {"a": {"id": "#p"}}, "$ref": "#p"}, InvalidSchema),  # 2020-12: `id` declares no anchor
     ({"$ref": "#nowhere"}, InvalidSchema),
@@ -310,6 +316,58 @@ def test_anchor_that_cannot_be_resolved_exactly_is_refused(schema, cls):
     with pytest.raises(cls) as info:
         compile_schema(schema)
     assert info.value.pointer == "/$ref"
+
+
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+BASE_URI_CASES = [
+    # a recursive tree across two resources, each `$ref` relative to its own `$id`
+    {"$id": "http://localhost:1234/tree", "type": "object",
+     "properties": {"meta": {"type": "string"}, "nodes": {"type": "array", "items": {"$ref": "node"}}},
+     "required": ["meta", "nodes"],
+     "$defs": {"node": {"$id": "http://localhost:1234/node", "type": "object",
+                        "properties": {"value": {"type": "number"}, "subtree": {"$ref": "tree"}}, "required": ["value"]}}},
+    # a nested `$id` rebases the `#/...` pointers inside it: `#/$defs/inner` is foo's own
+    {"$id": "http://example.com/root.json", "$ref": "foo.json",
+     "$defs": {"inner": {"type": "integer"},
+               "foo": {"$id": "foo.json", "$defs": {"inner": {"type": "string"}}, "$ref": "#/$defs/inner"}}},
+    # a relative `$id` resolved against its parent's, an absolute-path `$ref`, a `urn:` base
+    {"$id": "http://example.com/ref/absref.json", "$ref": "/absref/foobar.json",
+     "$defs": {"a": {"$id": "http://example.com/ref/absref/foobar.json", "type": "number"},
+               "b": {"$id": "http://example.com/absref/foobar.json", "type": "string"}}},
+    {"$id": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed", "minimum": 3,
+     "properties": {"foo": {"$ref": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed#/$defs/bar"},
+                    "up": {"$ref": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed"}},
+     "$defs": {"bar": {"type": "string"}}},
+    # anchors scoped by their resource: `#foo` of nested.json, reached by its absolute URI
+    {"$schema": DRAFT7, "$id": "http://localhost:1234/root", "allOf": [{"$ref": "http://localhost:1234/nested.json#foo"}],
+     "definitions": {"A": {"$id": "nested.json", "definitions": {"B": {"$id": "#foo", "type": "integer"}}}}},
+    {"$id": "http://x/r.json", "properties": {"p": {"$ref": "a.json#t"}, "q": {"$ref": "#t"}},
+     "$defs": {"a": {"$id": "a.json", "$anchor": "t", "type": "integer"}, "b": {"$anchor": "t", "type": "string"}}},
+    # up to draft 7 an `$id` beside a `$ref` sets no base; from 2019-09 on it does, before the `$ref` resolves
+    {"$schema": DRAFT7, "$id": "http://localhost:1234/sibling/", "allOf": [{"$ref": "foo.json"}],
+     "definitions": {"foo": {"$id": "http://localhost:1234/sibling/foo.json", "type": "string"},
+                     "bad": {"$id": "http://localhost:1234/elsewhere/", "$ref": "foo.json"}}},
+    {"$id": "https://example.com/ref-and-id/base.json", "$ref": "int.json",
+     "$defs": {"bigint": {"$id": "int.json", "maximum": 10}, "smallint": {"$id": "/int.json", "maximum": 2}}},
+    # a property may be called `default` or `enum`: its schema's `$ref` resolves all the same
+    {"properties": {"default": {"$ref": "#pos"}, "enum": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"$anchor": "pos", "type": "integer"}}},
+    # an `$id` inside an unknown keyword or an enum declares nothing
+    {"$id": "http://x/u.json", "properties": {"a": {"$ref": "v.json"}},
+     "unknown": {"$id": "v.json", "type": "null"}, "$defs": {"v": {"$id": "http://x/v.json", "type": "integer"}}},
+]
+
+
+@pytest.mark.parametrize("schema", BASE_URI_CASES)
+def test_ref_resolves_against_the_base_uri_as_jsonschema_does(schema):
+    dfa = compile_schema(schema, whitespace="compact", max_depth=4).dfa
+    oracle = corpus.validator(schema)
+    values = [0, 1, 2.5, 4, 11, -1, "s", None, True, [], {}, {"foo": "x"}, {"foo": 1}, {"up": 5}, {"up": 1},
+              {"p": 1}, {"p": "s"}, {"q": "s"}, {"q": 1}, {"a": 1}, {"a": None}, {"default": 1}, {"enum": "s"},
+              {"meta": "m", "nodes": []}, {"meta": "m", "nodes": [{"value": 1}]},
+              {"meta": "m", "nodes": [{"value": 1, "subtree": {"meta": "n", "nodes": [{"value": 2}]}}]},
+              {"meta": "m", "nodes": [{"value": "x"}]}, {"meta": "m", "nodes": [{"value": 1, "subtree": {"meta": 1}}]}]
+    for value in values:
+        assert dfa.matches(json.dumps(value, separators=(",", ":")).encode()) == oracle.is_valid(value), value
 
 
 def test_error_pointer_is_prefixed_with_the_schema_location():
