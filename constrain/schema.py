@@ -425,9 +425,15 @@ def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception
             continue
         declared = node.get(id_key)
         if isinstance(declared, str):
-            uri, fragment = urldefrag(declared)
+            try:
+                uri, fragment = urldefrag(declared)
+                joined = urldefrag(_join_uri(base, uri))[0] if uri else base
+            except ValueError as err:  # (an IPv6 host without its closing bracket, ...)
+                against = f" (against the base URI {base!r})" if base else ""
+                raise InvalidSchema(f"{id_key!r} {declared!r}{against} is not a URI reference: {err}",
+                                    pointer=join_pointer(at, id_key)) from None
             if uri and not (legacy and "$ref" in node):
-                base = urldefrag(_join_uri(base, uri))[0]
+                base = joined
                 resources[base] = at if resources.get(base, at) == at else None
                 base_at[at] = base
                 rebased = rebased or bool(at)
@@ -464,28 +470,54 @@ def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception
     targets: dict[int, str] = {}
     for node, base in refs:
         ref = node["$ref"]
-        uri, fragment = urldefrag(_join_uri(base, ref))
-        if uri not in resources:
-            continue  # another document: `lookup` refuses it
-        start = resources[uri]
-        if start is None:
-            marker = f"#\x00{len(errors)}"
-            errors[marker] = UnsupportedSchema(f"'$ref' {ref!r}: two subschemas declare the URI {uri!r}")
-            targets[id(node)] = marker
-        elif fragment and not fragment.startswith("/"):
-            where = anchors.get((uri, unquote(fragment)), [])
-            if len(where) == 1:
-                targets[id(node)] = _pointer_ref(where[0])
-            else:
-                marker = f"#\x00{len(errors)}"
-                errors[marker] = (InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema of {uri or 'the document'}"
-                                                " declares that anchor") if not where else
-                                  UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'},"
-                                                    f" {where[1]})"))
-                targets[id(node)] = marker
+        try:
+            uri, fragment = urldefrag(_join_uri(base, ref))
+        except ValueError as err:
+            against = f" (against the base URI {base!r})" if base else ""
+            error: Exception | None = InvalidSchema(f"'$ref' {ref!r}{against} is not a URI reference: {err}")
         else:
-            targets[id(node)] = _pointer_ref(start) + fragment
+            if uri not in resources:
+                continue  # another document: `lookup` refuses it
+            start = resources[uri]
+            error = None
+            if start is None:
+                error = UnsupportedSchema(f"'$ref' {ref!r}: two subschemas declare the URI {uri!r}")
+            elif fragment and not fragment.startswith("/"):
+                where = anchors.get((uri, unquote(fragment)), [])
+                if len(where) == 1:
+                    targets[id(node)] = _pointer_ref(where[0])
+                elif where:
+                    error = UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'}, "
+                                              f"{where[1]})")
+                else:
+                    error = InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema of "
+                                          f"{uri or 'the document'} declares that anchor")
+            elif _resolves(root, start, fragment):
+                targets[id(node)] = _pointer_ref(start) + fragment
+            else:
+                error = InvalidSchema(f"'$ref' {ref!r} does not resolve: {uri or 'the document'} has nothing at "
+                                      f"{fragment!r}")
+        if error is not None:
+            marker = f"#\x00{len(errors)}"  # (no JSON Pointer: '#' then a NUL)
+            errors[marker] = error
+            targets[id(node)] = marker
     return _copy_replacing_refs(root, targets), errors
+
+
+def _resolves(root: Any, pointer: str, fragment: str) -> bool:
+    """Whether `root` has a value at `pointer` (tokens escaped as `join_pointer` writes them) and below it at the JSON
+    Pointer `fragment` (URI-encoded tokens, as `_Compiler.lookup` reads them)."""
+    node = root
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
+    tokens += [unquote(t).replace("~1", "/").replace("~0", "~") for t in fragment.split("/")[1:]]
+    for token in tokens:
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    return True
 
 
 def _copy_replacing_refs(node: Any, targets: dict[int, str], schemas: bool = False) -> Any:

@@ -308,6 +308,9 @@ def test_ref_to_an_anchor_resolves_as_jsonschema_does(schema):
      UnsupportedSchema),
     ({"$ref": "https://json-schema.org/draft/2020-12/schema"}, UnsupportedSchema),  # another document
     ({"$id": "http://x/root.json", "$ref": "other.json#/a"}, UnsupportedSchema),
+    # a pointer into a resource that has nothing there; a URI that cannot be joined to its base
+    ({"$defs": {"a": {"$id": "http://x/a.json"}}, "$ref": "http://x/a.json#/type"}, InvalidSchema),
+    ({"$id": "http://[::1", "$ref": "a.json"}, InvalidSchema),
     ({"$defs": {"a": {"$anchor": "p"}, "b": {"$anchor": "p"}}, "$ref": "#p"}, UnsupportedSchema),
     ({"$defs": {"a": {"id": "#p"}}, "$ref": "#p"}, InvalidSchema),  # 2020-12: `id` declares no anchor
     ({"$ref": "#nowhere"}, InvalidSchema),
@@ -368,6 +371,12 @@ def test_ref_resolves_against_the_base_uri_as_jsonschema_does(schema):
               {"meta": "m", "nodes": [{"value": "x"}]}, {"meta": "m", "nodes": [{"value": 1, "subtree": {"meta": 1}}]}]
     for value in values:
         assert dfa.matches(json.dumps(value, separators=(",", ":")).encode()) == oracle.is_valid(value), value
+
+
+def test_an_id_that_is_not_a_uri_reference_is_invalid_where_it_is():
+    with pytest.raises(InvalidSchema) as info:
+        compile_schema({"$id": "http://[bad", "$defs": {"a": {"$id": "x.json"}}, "$ref": "#/$defs/a"})
+    assert info.value.pointer == "/$defs/a/$id" and "http://[bad" in info.value.message
 
 
 def test_error_pointer_is_prefixed_with_the_schema_location():
