@@ -90,16 +90,37 @@ def test_ref_resolves_local_pointers_and_escapes():
 @pytest.mark.parametrize("max_depth", [1, 2, 3, 4])
 def test_recursive_ref_is_unrolled_max_depth_times(max_depth):
     schema = {"$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}}, "$ref": "#/$defs/n"}
-    dfa = compile_schema(schema, max_depth=max_depth).dfa
+    dfa = compile_schema(schema, max_depth=max_depth, deepen_recursion=False).dfa
     nested = lambda d: "[" * d + "null" + "]" * d  # noqa: E731
     assert all(dfa.matches(nested(d).encode()) for d in range(max_depth))
     assert not dfa.matches(nested(max_depth).encode())
 
 
+def test_recursion_cut_in_a_small_automaton_is_unrolled_deeper_while_it_stays_small():
+    from constrain.schema import DEEPEN_FROM_SHARE, DEEPEN_LEVELS
+
+    lists = {"$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}}, "$ref": "#/$defs/n"}
+    nested = lambda d: ("[" * d + "null" + "]" * d).encode()  # noqa: E731
+    deepest = 3 + DEEPEN_LEVELS
+    dfa = compile_schema(lists, max_depth=3).dfa
+    assert all(dfa.matches(nested(d)) for d in range(deepest)) and not dfa.matches(nested(deepest))
+    assert compile_schema(lists, max_depth=3).dfa.n_states == dfa.n_states  # a budget of states, not of time
+    # five recursive members: 1,336 states at depth 3, 6,711 at 4, 33,586 at 5 (exactly max_depth each)
+    tree = {"type": "object", "properties": {k: {"$ref": "#"} for k in "abcde"}, "additionalProperties": False}
+    exact = {d: compile_schema(tree, max_depth=d, deepen_recursion=False).dfa.n_states for d in (3, 4)}
+    assert compile_schema(tree, max_depth=3).dfa.n_states == exact[4]  # depth 5 is over a quarter of 100,000
+    # a budget where depth 3 may deepen but depth 4 does not fit its share; then one where depth 3 may not
+    assert compile_schema(tree, max_depth=3, max_states=exact[3] * DEEPEN_FROM_SHARE).dfa.n_states == exact[3]
+    small_lists = compile_schema(lists, max_depth=3, max_states=compile_schema(lists, max_depth=3, deepen_recursion=False)
+                                 .dfa.n_states * DEEPEN_FROM_SHARE - 1).dfa
+    assert not small_lists.matches(nested(3))
+
+
 def test_recursive_object_without_base_case_keeps_its_optional_exit():
     schema = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
-    check(schema, ["{}", '{"c":{}}', '{"c":{"c":{}}}'], ['{"c":{"c":{"c":{}}}}'])
-    assert accepts(schema, '{"c":{"c":{"c":{}}}}', max_depth=4)
+    check(schema, ["{}", '{"c":{}}', '{"c":{"c":{}}}'], ['{"c":{"c":{"c":{}}}}'], deepen_recursion=False)
+    assert accepts(schema, '{"c":{"c":{"c":{}}}}', max_depth=4, deepen_recursion=False)
+    assert accepts(schema, '{"c":{"c":{"c":{}}}}')  # deepened: a small automaton
 
 
 def test_free_form_values_nest_to_any_depth_in_json():
