@@ -235,7 +235,7 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
     deadline = time.monotonic() + opts.timeout_s
     from constrain import formats as _formats
 
-    schema, ref_errors = _with_document_refs(schema, _formats.draft_of(schema))
+    schema, ref_errors = _with_document_refs(schema, _formats.draft_of(schema), pointer)
     compiler, dfa, parts = _compile_variants(schema, opts, pointer, deadline, ref_errors, opts.max_depth)
     if (opts.deepen_recursion and compiler.cut[0] and not dfa.is_empty
             and dfa.n_states <= opts.max_states // DEEPEN_FROM_SHARE):
@@ -408,33 +408,33 @@ def _pointer_ref(pointer: str) -> str:
 
 def _plain_refs(root: Any) -> bool:
     """Whether no object below `root` declares an `$id` or `id` (a string) and every `$ref` is a JSON Pointer
-    fragment (`#` or `#/...`): then `lookup` resolves every `$ref` against the root as it is (one quick walk)."""
-    containers = (dict, list)
-    stack: list[tuple[Any, bool]] = [(root, False)] if type(root) in containers else []  # (node, a map of schemas?)
+    fragment (`#` or `#/...`): then `lookup` resolves every `$ref` against the root as it is (one quick walk; objects
+    and arrays may be subclasses of dict and list, as the server's frozen ones are)."""
+    stack: list[tuple[Any, bool]] = [(root, False)]  # (node, a map of schemas?)
     pop, push = stack.pop, stack.append
     while stack:
         node, schemas = pop()
-        if type(node) is list:
+        if isinstance(node, list):
             for v in node:
-                if type(v) in containers:
-                    push((v, False))
+                push((v, False))
+        elif not isinstance(node, dict):
+            continue
         elif schemas:
             for v in node.values():
-                if type(v) in containers:
-                    push((v, False))
+                push((v, False))
         else:
             ref = node.get("$ref")
-            if type(ref) is str and ref != "#" and not ref.startswith("#/"):
+            if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
                 return False
-            if node is not root and (type(node.get("$id")) is str or type(node.get("id")) is str):
+            if node is not root and (isinstance(node.get("$id"), str) or isinstance(node.get("id"), str)):
                 return False
             for k, v in node.items():
-                if type(v) in containers and k not in _DATA_KEYWORDS:
+                if k not in _DATA_KEYWORDS:
                     push((v, k in _SCHEMA_MAPS))
     return True
 
 
-def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception]]:
+def _with_document_refs(root: Any, draft: str, pointer: str = "") -> tuple[Any, dict[str, Exception]]:
     """`root` with every `$ref` that an `$id` scopes, or that names a schema by URI, rewritten as a JSON Pointer into
     `root` (`#/...`), as `referencing` resolves it: `$id`s (`id` in drafts 3-4) set the base URI of their subschemas
     (up to draft 7 not beside a `$ref`, which stands alone), `$anchor`s and `$dynamicAnchor`s (`$id: "#name"` up to
@@ -442,7 +442,8 @@ def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception
     every `$ref` is a JSON Pointer fragment (`lookup` resolves those against the root).
 
     A `$ref` that does not resolve in the document keeps its text when it names another document (`lookup` refuses
-    it), else becomes a marker `lookup` raises the returned error for.
+    it), else becomes a marker `lookup` raises the returned error for. `pointer`: where `root` sits in the request
+    (the prefix of an error's pointer).
     """
     if _plain_refs(root):
         return root, {}
@@ -468,7 +469,7 @@ def _with_document_refs(root: Any, draft: str) -> tuple[Any, dict[str, Exception
             except ValueError as err:  # (an IPv6 host without its closing bracket, ...)
                 against = f" (against the base URI {base!r})" if base else ""
                 raise InvalidSchema(f"{id_key!r} {declared!r}{against} is not a URI reference: {err}",
-                                    pointer=join_pointer(at, id_key)) from None
+                                    pointer=pointer + join_pointer(at, id_key)) from None
             if uri and not (legacy and "$ref" in node):
                 base = joined
                 resources[base] = at if resources.get(base, at) == at else None

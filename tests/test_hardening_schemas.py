@@ -57,6 +57,11 @@ TOOL_CASES = [
     ("mutually_recursive_refs", MUTUAL_REFS, 96, "ok"),
     ("unresolvable_ref", one({"$ref": "#/$defs/missing"}), 64, ("invalid_json_schema", "/properties/v/$ref")),
     ("remote_ref", one({"$ref": "https://example.com/s.json"}), 64, ("unsupported_json_schema", "/properties/v/$ref")),
+    # a `$ref` resolved against the base URI a nested `$id` sets; an `$id` that cannot be joined to its base
+    ("id_relative_ref", {**one({"$ref": "defs.json#/$defs/n"}), "$id": "http://x/tool.json",
+                         "$defs": {"d": {"$id": "defs.json", "$defs": {"n": {"type": "integer", "minimum": 7}}}}}, 64, "ok"),
+    ("malformed_id", {**one({"$ref": "x.json"}), "$id": "http://[bad", "$defs": {"x": {"$id": "x.json", "type": "integer"}}},
+     64, ("invalid_json_schema", "/$defs/x/$id")),
     # counted beside the automaton (a few states, not a million: tests/test_counted.py); before, over the budget
     ("maxLength_1e6", one({"type": "string", "maxLength": 1_000_000}), 64, "ok"),
     ("regex_determinisation_blowup", one({"type": "string", "pattern": "^(a|b)*a(a|b){30}$"}), 64,

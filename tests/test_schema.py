@@ -392,12 +392,19 @@ def test_ref_resolves_against_the_base_uri_as_jsonschema_does(schema):
               {"meta": "m", "nodes": [{"value": "x"}]}, {"meta": "m", "nodes": [{"value": 1, "subtree": {"meta": 1}}]}]
     for value in values:
         assert dfa.matches(json.dumps(value, separators=(",", ":")).encode()) == oracle.is_valid(value), value
+    # the server's requests hold frozen subclasses of dict and list: resolved alike
+    from constrain.protocol import freeze_json
+
+    assert compile_schema(freeze_json(schema), whitespace="compact", max_depth=4).dfa.n_states == dfa.n_states
 
 
 def test_an_id_that_is_not_a_uri_reference_is_invalid_where_it_is():
     with pytest.raises(InvalidSchema) as info:
         compile_schema({"$id": "http://[bad", "$defs": {"a": {"$id": "x.json"}}, "$ref": "#/$defs/a"})
     assert info.value.pointer == "/$defs/a/$id" and "http://[bad" in info.value.message
+    with pytest.raises(InvalidSchema) as info:  # prefixed with where the schema sits in the request
+        compile_schema({"$id": "http://[bad", "$defs": {"a": {"$id": "x.json"}}}, pointer="/tools/0/function/parameters")
+    assert info.value.pointer == "/tools/0/function/parameters/$defs/a/$id"
 
 
 def test_error_pointer_is_prefixed_with_the_schema_location():
