@@ -38,9 +38,9 @@ FREE_FORM_WINDOW = 3
 COUNTED_MIN_CHARS = 512
 # A recursive `$ref` cut at max_depth in an automaton of at most 1/DEEPEN_FROM_SHARE of the state budget is unrolled
 # up to DEEPEN_LEVELS levels deeper while that fits in 1/DEEPEN_BUDGET_SHARE of it (`compile_schema`). Of the 603
-# JSONSchemaBench schemas with a `$ref` that compile, 38 cut one; unrolled 5 deep within 25,000 states, 20 of those
-# fit (Github_trivial o47165: 722 -> 6,734 states, 4 -> 19 ms); the others went over in 0.05-0.8 s, most of them
-# from automata of 10,000 states or more at depth 3, which are not tried.
+# JSONSchemaBench schemas with a `$ref` that compile, 38 cut one; 14 of those unroll deeper under these shares
+# (Github_trivial o47165: 722 -> 6,734 states, 4 -> 27 ms); of the others, most are automata of over 6,250 states at
+# depth 3, which are not tried, and a try that goes over costs up to 0.6 s (Github_medium o74424).
 DEEPEN_LEVELS = 2
 DEEPEN_BUDGET_SHARE = 4
 DEEPEN_FROM_SHARE = 16
@@ -301,7 +301,8 @@ def _compile_with(schema: Any, opts: SchemaOptions, pointer: str, deadline: floa
                   ref_depth: int | None = None) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
     """The compiler and DFA of `schema`, by `deadline` (`time.monotonic()`); `counters`: long `maxLength`s counted
     beside the automaton where they can be (see `_Compiler.string`); `stack` (with counters): free-form values nested
-    to any depth (`any_value`). The compiler is also appended to `made`."""
+    to any depth (`any_value`); `ref_errors` as `_with_document_refs` returns them; recursive `$ref`s unrolled
+    `ref_depth` times (default max_depth). The compiler is also appended to `made`."""
     compiler = _Compiler(schema, opts, pointer)
     compiler.ref_errors = ref_errors or {}
     compiler.ref_limit = opts.max_depth if ref_depth is None else ref_depth
@@ -438,7 +439,7 @@ def _with_document_refs(root: Any, draft: str, pointer: str = "") -> tuple[Any, 
     """`root` with every `$ref` that an `$id` scopes, or that names a schema by URI, rewritten as a JSON Pointer into
     `root` (`#/...`), as `referencing` resolves it: `$id`s (`id` in drafts 3-4) set the base URI of their subschemas
     (up to draft 7 not beside a `$ref`, which stands alone), `$anchor`s and `$dynamicAnchor`s (`$id: "#name"` up to
-    draft 7) name subschemas within their resource. `root` itself when no `$id` below the root changes the base and
+    draft 7) name subschemas within their resource. `root` itself when no `$id` below the root declares anything and
     every `$ref` is a JSON Pointer fragment (`lookup` resolves those against the root).
 
     A `$ref` that does not resolve in the document keeps its text when it names another document (`lookup` refuses
@@ -455,7 +456,6 @@ def _with_document_refs(root: Any, draft: str, pointer: str = "") -> tuple[Any, 
     resources: dict[str, str | None] = {}
     base_at: dict[str, str] = {}
     anchors: dict[tuple[str, str], list[str]] = {}
-    rebased = False
     stack: list[tuple[Any, str, str]] = [(root, "", "")]
     while stack:
         node, at, base = stack.pop()
@@ -474,7 +474,6 @@ def _with_document_refs(root: Any, draft: str, pointer: str = "") -> tuple[Any, 
                 base = joined
                 resources[base] = at if resources.get(base, at) == at else None
                 base_at[at] = base
-                rebased = rebased or bool(at)
             if legacy and fragment and not uri:
                 anchors.setdefault((base, fragment), []).append(at)
         if not legacy:
@@ -482,96 +481,88 @@ def _with_document_refs(root: Any, draft: str, pointer: str = "") -> tuple[Any, 
                 if isinstance(node.get(key), str):
                     anchors.setdefault((base, node[key]), []).append(at)
         stack.extend((child, join_pointer(at, *path), base) for path, child in _subschemas(node, draft))
-    refs: list[tuple[Any, str]] = []  # (the node holding a `$ref`, the base URI where it sits)
-    foreign = False
-    walk: list[tuple[Any, str, str, bool]] = [(root, "", base_at.get("", ""), False)]  # (.., a map of schemas?)
-    while walk:
-        node, at, base, schemas = walk.pop()
-        if isinstance(node, list):
-            walk.extend((child, join_pointer(at, i), base, False) for i, child in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        if schemas:  # `properties` and the like: every value is a schema, whatever its name
-            walk.extend((child, join_pointer(at, k), base, False) for k, child in node.items())
-            continue
-        base = base_at.get(at, base)
-        if isinstance(node.get("$ref"), str):
-            refs.append((node, base))
-            foreign = foreign or not (node["$ref"] == "#" or node["$ref"].startswith("#/"))
-        walk.extend((child, join_pointer(at, k), base, k in _SCHEMA_MAPS) for k, child in node.items()
-                    if k not in _DATA_KEYWORDS)
     resources.setdefault("", "")  # a document without `$id`: refs resolve against it
-    if not rebased and not foreign:
-        return root, {}
     errors: dict[str, Exception] = {}
-    targets: dict[int, str] = {}
-    for node, base in refs:
-        ref = node["$ref"]
+
+    def resolved(ref: str, base: str) -> str:
+        """`ref` (at base URI `base`) as a pointer into `root`, itself when it names another document (`lookup`
+        refuses it), or a marker of its error."""
         try:
             uri, fragment = urldefrag(_join_uri(base, ref))
         except ValueError as err:
             against = f" (against the base URI {base!r})" if base else ""
-            error: Exception | None = InvalidSchema(f"'$ref' {ref!r}{against} is not a URI reference: {err}")
+            error: Exception = InvalidSchema(f"'$ref' {ref!r}{against} is not a URI reference: {err}")
         else:
             if uri not in resources:
-                continue  # another document: `lookup` refuses it
+                return ref
             start = resources[uri]
-            error = None
             if start is None:
                 error = UnsupportedSchema(f"'$ref' {ref!r}: two subschemas declare the URI {uri!r}")
             elif fragment and not fragment.startswith("/"):
                 where = anchors.get((uri, unquote(fragment)), [])
                 if len(where) == 1:
-                    targets[id(node)] = _pointer_ref(where[0])
-                elif where:
-                    error = UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'}, "
-                                              f"{where[1]})")
-                else:
-                    error = InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema of "
-                                          f"{uri or 'the document'} declares that anchor")
-            elif _resolves(root, start, fragment):
-                targets[id(node)] = _pointer_ref(start) + fragment
+                    return _pointer_ref(where[0])
+                error = (UnsupportedSchema(f"'$ref' {ref!r}: the anchor is declared twice ({where[0] or '/'}, "
+                                           f"{where[1]})") if where else
+                         InvalidSchema(f"'$ref' {ref!r} does not resolve: no subschema of {uri or 'the document'} "
+                                       "declares that anchor"))
             else:
+                target = _pointer_ref(start) + fragment
+                if _node_at(root, target[1:]) is not _MISSING:
+                    return target
                 error = InvalidSchema(f"'$ref' {ref!r} does not resolve: {uri or 'the document'} has nothing at "
                                       f"{fragment!r}")
-        if error is not None:
-            marker = f"#\x00{len(errors)}"  # (no JSON Pointer: '#' then a NUL)
-            errors[marker] = error
-            targets[id(node)] = marker
-    return _copy_replacing_refs(root, targets), errors
+        marker = f"#\x00{len(errors)}"  # (no JSON Pointer: '#' then a NUL)
+        errors[marker] = error
+        return marker
+
+    # a copy of the document, its `$ref`s resolved where they sit; the values of data keywords shared, not copied
+    copy = _shallow(root)
+    walk: list[tuple[Any, Any, str, str, bool]] = [(root, copy, "", base_at.get("", ""), False)]  # (.., a map?)
+    while walk:
+        node, out, at, base, schemas = walk.pop()
+        if isinstance(node, list):
+            for i, child in enumerate(node):
+                out[i] = _shallow(child)
+                walk.append((child, out[i], join_pointer(at, i), base, False))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if not schemas:  # (`properties` and the like: every value is a schema, whatever its name)
+            base = base_at.get(at, base)
+        for k, child in node.items():
+            if schemas or k not in _DATA_KEYWORDS:
+                out[k] = _shallow(child)
+                walk.append((child, out[k], join_pointer(at, k), base, not schemas and k in _SCHEMA_MAPS))
+        if not schemas and isinstance(node.get("$ref"), str):
+            out["$ref"] = resolved(node["$ref"], base)
+    return copy, errors
 
 
-def _resolves(root: Any, pointer: str, fragment: str) -> bool:
-    """Whether `root` has a value at `pointer` (tokens escaped as `join_pointer` writes them) and below it at the JSON
-    Pointer `fragment` (URI-encoded tokens, as `_Compiler.lookup` reads them)."""
+_MISSING = object()
+
+
+def _node_at(root: Any, path: str) -> Any:
+    """The value of `root` at the JSON Pointer `path` (URI-encoded tokens, as a `$ref`'s fragment writes them), or
+    `_MISSING`."""
     node = root
-    tokens = [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
-    tokens += [unquote(t).replace("~1", "/").replace("~0", "~") for t in fragment.split("/")[1:]]
-    for token in tokens:
+    for token in path.split("/")[1:]:
+        token = unquote(token).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
-            return False
-    return True
+            return _MISSING
+    return node
 
 
-def _copy_replacing_refs(node: Any, targets: dict[int, str], schemas: bool = False) -> Any:
-    """A copy of the schema `node` (`schemas`: of a map of schemas, `properties` say) whose objects named in `targets`
-    (by identity) have that `$ref` instead (data keywords' values are shared, not copied)."""
-    if isinstance(node, list):
-        return [_copy_replacing_refs(v, targets) for v in node]
-    if not isinstance(node, dict):
-        return node
-    if schemas:
-        return {k: _copy_replacing_refs(v, targets) for k, v in node.items()}
-    out = {k: (v if k in _DATA_KEYWORDS else _copy_replacing_refs(v, targets, k in _SCHEMA_MAPS))
-           for k, v in node.items()}
-    if id(node) in targets:
-        out["$ref"] = targets[id(node)]
-    return out
+def _shallow(value: Any) -> Any:
+    """A one-level copy of a JSON object or array (a plain dict or list, whatever subclass it was); other values as
+    they are."""
+    if isinstance(value, dict):
+        return dict(value)
+    return list(value) if isinstance(value, list) else value
 
 
 def _first_symbols(dfa: fa.Dfa) -> frozenset:
@@ -1328,18 +1319,10 @@ class _Compiler:
         error = self.ref_errors.get(ref)
         if error is not None:
             raise type(error)(error.message, pointer=pointer)
-        node: Any = self.root
         path = ref[1:]
-        if path and not path.startswith("/"):  # (anchors were rewritten as pointers)
+        node = _node_at(self.root, path) if not path or path.startswith("/") else _MISSING  # (anchors: rewritten)
+        if node is _MISSING:
             raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
-        for token in [t for t in path.split("/")[1:]]:
-            token = unquote(token).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and token in node:
-                node = node[token]
-            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-                node = node[int(token)]
-            else:
-                raise InvalidSchema(f"'$ref' {ref!r} does not resolve", pointer=pointer)
         return node, self.base + path
 
     # -- merging (allOf, $ref with siblings) -------------------------------------
