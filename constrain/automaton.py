@@ -572,7 +572,7 @@ def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...
 
     With deep values (`nested_values`): `spill` (flat like `effect`) and `refill` (flat, `state * 2 + kind`) from
     `Counters`; `stack` (the kinds spilled so far, innermost last) is updated in place, refills taken as soon as a
-    state offers them."""
+    state offers them; a spill onto a stack of `MAX_SPILLED` kinds dies."""
     for at, byte in enumerate(data):
         x = state * n_classes + class_of[byte]
         state = table[x]
@@ -590,6 +590,8 @@ def walk_counted(table, n_classes: int, class_of, effect, limits: tuple[int, ...
         if spill is not None:
             k = spill[x]
             if k:
+                if len(stack) >= MAX_SPILLED:
+                    return -1, count, limit, at
                 stack.append(k - 1)
             elif stack and refill[2 * state] >= 0:
                 state = refill[2 * state + stack.pop()]
@@ -717,6 +719,10 @@ def contract_counters(dfa: Dfa) -> tuple[Dfa, Counters | None]:
 # Qwen3, 24 in Gemma 4: `}}}`, `']]],\n`) are walked with the stack by the index (`TokenIndex._stack_row`).
 
 STACK_ARR, STACK_OBJ = 0, 1
+# The most container kinds a cursor keeps on its stack: a token that would spill one more is not allowed, so a deep
+# value nests at most this many levels beyond the window (and the output stays readable by parsers that recurse per
+# level: Python's `json.loads` fails past ~1,000, and `parse.parse_output` reads every call's arguments with it).
+MAX_SPILLED = 128
 _MARK_STACK_BASE = -(1 << 20)  # marker `_MARK_STACK_BASE - 4 * window - code`; code 0/1 SPILL(kind), 2/3 REFILL(kind)
 
 

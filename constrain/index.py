@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, BudgetExceeded, check_deadlines, contract_counters,
-                                 counter_tick_bytes, walk_counted)
+from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, MAX_SPILLED, BudgetExceeded, check_deadlines,
+                                 contract_counters, counter_tick_bytes, walk_counted)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -441,7 +441,7 @@ class TokenIndex:
         self._stepper = None if lib is None else lib.stepper(
             self._tflat, n_classes, class_of[:256], None if counters is None else self._eff_flat,
             None if counters is None else self._limits, spill if self._stacked else None,
-            counters.refill if self._stacked else None)
+            counters.refill if self._stacked else None, MAX_SPILLED)
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:
@@ -712,9 +712,11 @@ class TokenIndex:
         state's mask under what the stack leaves of the budget) with each deep token's bit replaced by an exact walk."""
         room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
         tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
-        tokens = self._bracketed if tight else self._deep
+        # near a full stack, a token may spill past `MAX_SPILLED`: every token with a bracket is walked
+        full = len(stack) + self._most_opened >= MAX_SPILLED
+        tokens = self._bracketed if tight or full else self._deep
         key = (base, state, stack[max(len(stack) - self._deep_reach, 0):] if not tight else stack, room,
-               None if budget is None else (budget, len(stack)))
+               None if budget is None else (budget, len(stack)), len(stack) if full else -1)
         row = self._stack_rows.get(key)
         if row is not None:
             return row
@@ -1463,6 +1465,13 @@ class TokenState:
         if at >= 0:
             if 0 <= limit < count:
                 self._violation(t, f"the text passes its counted bound of {limit} (maxLength characters or maxItems commas)")
+            if idx._stacked and len(stack) >= MAX_SPILLED:
+                before = walk_counted(idx._tr_view, idx._n_classes, idx._cls_list, idx._eff_view, idx._limits,
+                                      self._state, data[:at], self._count, self._limit, idx._spill_view,
+                                      idx._refill_view, list(self._stack))[0]
+                if before >= 0 and idx._tr_view[before * idx._n_classes + idx._cls_list[data[at]]] >= 0:
+                    self._violation(t, f"it opens a container past the {MAX_SPILLED} a free-form value may nest beyond "
+                                       f"the automaton's window")
             self._violation(t, f"the automaton dies on byte {data[at]:#04x}")
         if limit >= 0 and count == limit and idx._need_ticks()[s]:
             self._violation(t, f"it ends inside a character that the string's maxLength ({limit}) leaves no room for")

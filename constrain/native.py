@@ -1022,8 +1022,9 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
 /* One token's bytes read by a cursor (`TokenState.advance`), as `automaton.walk_counted` reads them. ctx: the table
    (int32, `state * n_classes + class`), n_classes, the class of each byte (int32[256]), and, 0 where the index has
    none, the counters' effects (int8, flat like the table), their limits (int64), the deep values' spills (int8, flat)
-   and refills (int64, `state * 2 + kind`). io: state, count, limit, at, depth in; the same out (state -1 and `at` the
-   byte where the walk died or passed its bound, else at -1). stack: the `depth` spilled kinds, room for n more. */
+   and refills (int64, `state * 2 + kind`), the most kinds the stack holds (`automaton.MAX_SPILLED`). io: state,
+   count, limit, at, depth in; the same out (state -1 and `at` the byte where the walk died, passed its bound or
+   spilled onto a full stack, else at -1). stack: the `depth` spilled kinds, room for n more. */
 void constrain_step(const int64_t *ctx, const uint8_t *data, int32_t n, int64_t *io, int32_t *stack) {
     const int32_t *table = (const int32_t *)(intptr_t)ctx[0];
     const int64_t k = ctx[1];
@@ -1052,8 +1053,10 @@ void constrain_step(const int64_t *ctx, const uint8_t *data, int32_t n, int64_t 
         }
         if (spill) {
             int8_t kind = spill[x];
-            if (kind) stack[depth++] = kind - 1;
-            else if (depth && refill[2 * state] >= 0) state = refill[2 * state + stack[--depth]];
+            if (kind) {
+                if (depth >= ctx[7]) { state = -1; io[3] = at; break; }
+                stack[depth++] = kind - 1;
+            } else if (depth && refill[2 * state] >= 0) state = refill[2 * state + stack[--depth]];
         }
     }
     io[0] = state; io[1] = count; io[2] = limit; io[4] = depth;
@@ -1576,10 +1579,11 @@ class NativeAutomata:
 
     def stepper(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, effect: np.ndarray | None = None,
                 limits: Sequence[int] | None = None, spill: np.ndarray | None = None,
-                refill: np.ndarray | None = None) -> "Stepper":
+                refill: np.ndarray | None = None, max_spilled: int = 0) -> "Stepper":
         """A cursor's byte walk over the int32 table `tflat` (see `Stepper`); with counters, their flat `effect` and
-        `limits`; with deep values, their flat `spill` and `refill` (`automaton.Counters`)."""
-        return Stepper(self, tflat, n_classes, byte_class, effect, limits, spill, refill)
+        `limits`; with deep values, their flat `spill` and `refill` (`automaton.Counters`) and the most kinds the
+        stack holds (`automaton.MAX_SPILLED`)."""
+        return Stepper(self, tflat, n_classes, byte_class, effect, limits, spill, refill, max_spilled)
 
 
 class Stepper:
@@ -1589,7 +1593,7 @@ class Stepper:
 
     def __init__(self, lib: NativeAutomata, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray,
                  effect: np.ndarray | None, limits: Sequence[int] | None, spill: np.ndarray | None,
-                 refill: np.ndarray | None):
+                 refill: np.ndarray | None, max_spilled: int = 0):
         if tflat.dtype != np.int32 or not tflat.flags.c_contiguous:
             raise ValueError(f"the stepper walks a contiguous int32 table, got {tflat.dtype} "
                              f"({'' if tflat.flags.c_contiguous else 'not '}contiguous)")
@@ -1600,7 +1604,7 @@ class Stepper:
             keep.append(None if arr is None else np.ascontiguousarray(np.ravel(arr), dtype))
         self._keep = keep
         address = [0 if a is None else a.ctypes.data for a in keep]
-        self._ctx = np.array([address[0], n_classes, *address[1:]], np.int64)
+        self._ctx = np.array([address[0], n_classes, *address[1:], max_spilled], np.int64)
         ctx = self._ctx.ctypes.data
         self._plain = functools.partial(lib._step_plain, ctx)
         self._step = functools.partial(lib._step, ctx)

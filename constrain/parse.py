@@ -349,7 +349,7 @@ class _Match:
         if self.kind == "json":
             try:
                 value, end = _JSON.raw_decode(s, pos)
-            except ValueError:
+            except (ValueError, RecursionError):  # (a value nested past what the decoder recurses: not read)
                 if self.prefix and not _has_sentinel(s, pos, n):
                     yield n, (("args", i, s[pos:]),) if n > pos else (), True, st
                 return
@@ -364,7 +364,7 @@ class _Match:
             if end >= 0:
                 try:
                     text = _dump(_gemma4_value(s[pos:end], self.quote))
-                except ValueError:
+                except (ValueError, RecursionError):
                     return
                 yield end, (("args", i, text),), False, st
         elif self.kind == "qwen3_xml":
@@ -373,7 +373,7 @@ class _Match:
             while True:
                 try:
                     yield p, (("args", i, _xml_arguments(params, self.policy.tool(name).parameters)),), False, st
-                except (ValueError, KeyError):
+                except (ValueError, KeyError, RecursionError):
                     pass
                 block = _xml_block(s, p)
                 if block is None:  # the text ran out inside a block (or at its start)
@@ -589,7 +589,7 @@ def _xml_value(raw: str, schema: Any, root: Any) -> Any:
         elif t in ("object", "array"):
             try:
                 value = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if _json_type(value) == t:
                 return value
@@ -720,10 +720,11 @@ def _valid_calls(events: Sequence[Event], policy: Any) -> bool:
 
 
 def _usable_arguments(arguments: str) -> bool:
-    """A JSON object without a repeated key at any depth."""
+    """A JSON object without a repeated key at any depth, that Python's decoder reads (nested less deep than its
+    recursion limit: the masks bound free-form nesting at `automaton.MAX_SPILLED` past the window)."""
     try:
         return isinstance(json.loads(arguments, object_pairs_hook=_unique_keys), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 

@@ -104,11 +104,23 @@ def _category_ranges(short: str) -> _Ranges:
 # ---------------------------------------------------------------------------
 
 
+# Groups (and lookaheads) nest at most this deep: the parser and the automaton's builders recurse once per level, and
+# past a fixed bound a pattern is refused at its offset instead of running out of Python's stack (a few hundred levels,
+# fewer the deeper the caller's stack). Real patterns nest far less: at most 8 deep in every schema of ../shared/data.
+MAX_GROUP_DEPTH = 64
+
+
 class _Parser:
     def __init__(self, pattern: str, pointer: str):
         self.src = pattern
         self.pos = 0
         self.pointer = pointer
+        self.depth = 0  # groups open around the current position
+
+    def open_group(self, start: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_GROUP_DEPTH:
+            raise self.unsupported(f"groups nested more than {MAX_GROUP_DEPTH} deep", start)
 
     def invalid(self, what: str, at: int | None = None) -> InvalidSchema:
         at = self.pos if at is None else at
@@ -155,6 +167,7 @@ class _Parser:
             raise self.unsupported(f"word-boundary assertion \\{self.peek(1)}")
         elif self.src.startswith(("(?=", "(?!"), start):
             self.pos += 3
+            self.open_group(start)
             body = self.disjunction()
             self.expect_close(start)
             atom = ("look", self.src[start + 2] == "!", body, start)
@@ -176,6 +189,7 @@ class _Parser:
         if self.peek() != ")":
             raise self.invalid("unterminated group", start)
         self.pos += 1
+        self.depth -= 1
 
     def atom(self) -> tuple:
         start, c = self.pos, self.peek()
@@ -193,6 +207,7 @@ class _Parser:
                 raise self.invalid("invalid group")
             else:
                 self.pos += 1
+            self.open_group(start)
             body = self.disjunction()
             self.expect_close(start)
             return body

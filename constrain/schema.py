@@ -229,6 +229,33 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
         raise ValueError(f"whitespace must be 'flexible' or 'compact', got {opts.whitespace!r}")
     if opts.strict and opts.relax:
         raise ValueError("relax cannot be combined with strict: strict schemas are never relaxed")
+    try:
+        return _compile_schema(schema, opts, pointer)
+    except RecursionError:
+        # the compiler recurses once per level of the schema (and of an `enum`/`const` value): a document nested a
+        # few hundred levels deep runs out of Python's stack (fewer, the deeper the caller's stack already is)
+        depth, where = _deepest(schema, pointer)
+        raise fa.BudgetExceeded(f"compiling the schema ran out of Python's stack: it nests {depth} levels of arrays "
+                                f"and objects, the deepest at {where or '/'}", pointer=where) from None
+
+
+def _deepest(document: Any, pointer: str) -> tuple[int, str]:
+    """How many levels of arrays and objects `document` nests, and the JSON Pointer of its deepest one (the first
+    found at that depth, `pointer` prefixed)."""
+    best, where = 0, pointer
+    stack = [(document, pointer, 1)]
+    while stack:
+        node, at, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > best:
+                best, where = depth, at
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((value, join_pointer(at, key), depth + 1) for key, value in items)
+    return best, where
+
+
+def _compile_schema(schema: Any, opts: SchemaOptions, pointer: str) -> CompiledSchema:
+    """`compile_schema` once its options are checked."""
     if opts.strict:
         opts.whitespace = "compact"
         check_strict(schema, pointer, True)

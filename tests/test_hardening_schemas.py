@@ -67,6 +67,10 @@ TOOL_CASES = [
     ("regex_determinisation_blowup", one({"type": "string", "pattern": "^(a|b)*a(a|b){30}$"}), 64,
      ("budget_exceeded", "/properties/v/pattern")),
     ("malformed_regex", one({"type": "string", "pattern": "(a"}), 64, ("invalid_json_schema", "/properties/v/pattern")),
+    # groups nest at most regex.MAX_GROUP_DEPTH (64) deep; 300 deep was a RecursionError, a 500, before
+    ("regex_groups_nested_64", one({"type": "string", "pattern": "^" + "(a" * 64 + ")" * 64 + "$"}), 96, "ok"),
+    ("regex_groups_nested_300", one({"type": "string", "pattern": "(" * 300 + "a" + ")" * 300}), 64,
+     ("unsupported_json_schema", "/properties/v/pattern")),
     ("integer_range_1e30", one({"type": "integer", "minimum": -10**30, "maximum": 10**30}), 96, "ok"),
     pytest.param("minLength_1e6", one({"type": "string", "minLength": 1_000_000}), 64,
                  ("budget_exceeded", "/properties/v/minLength"),

@@ -320,3 +320,46 @@ def test_gemma4_arguments_nest_to_any_depth(gemma4_vocab):
             _gemma4_value(b"".join(vocab.token_bytes[t] for t in ids).decode(), '<|"|>')  # parses
             ended += 1
     assert deepest >= 2 and ended >= 1
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_the_stack_holds_at_most_max_spilled_containers(vocab_name, request):
+    """A free-form value nests at most `MAX_SPILLED` containers beyond the window: at a full stack no token that opens
+    one more is allowed (single brackets and multi-bracket tokens alike; `advance` refuses them, walked in Python
+    or in C), while closing and scalars still are; one level below the cap, one more bracket is allowed again."""
+    vocab = request.getfixturevalue(vocab_name)
+    index = TokenIndex(compile_schema({}).dfa, vocab)
+    opener = single_byte_ids(vocab, "[")[0]
+    closer = single_byte_ids(vocab, "]")[0]
+    multi = [t for t, data in enumerate(vocab.token_bytes) if data and set(data) <= set(b"[") and len(data) > 1]
+    assert multi
+    state = index.start()
+    for _ in range(FREE_FORM_WINDOW + fa.MAX_SPILLED - 1):
+        state.advance(opener)
+    assert len(state._stack) == fa.MAX_SPILLED - 1
+    allowed = set(state.allowed_token_ids().tolist())
+    assert opener in allowed and closer in allowed and not allowed & set(multi)  # `[[` would spill two
+    state.advance(opener)
+    assert len(state._stack) == fa.MAX_SPILLED
+    allowed = set(state.allowed_token_ids().tolist())
+    assert closer in allowed and opener not in allowed and not allowed & set(multi)
+    assert single_byte_ids(vocab, "1")[0] in allowed
+    for t in [opener, *multi[:3]]:
+        with pytest.raises(MaskViolation, match="past the 128"):
+            state.fork().advance(t)
+    # the C walk of long tokens stops at the same byte as the Python one
+    low = state.fork()
+    for _ in range(5):
+        low.advance(closer)
+    data = b"," + b"[" * 20  # (after a closed array, its sibling)
+    args = (index._tr_view, index._n_classes, index._cls_list, index._eff_view, index._limits, low._state, data,
+            low._count, low._limit, index._spill_view, index._refill_view, list(low._stack))
+    assert fa.walk_counted(*args)[3] == 6  # the sixth bracket would spill a 129th kind
+    assert index._stepper.counted(data, low._state, low._count, low._limit, low._stack)[3] == 6
+    state.advance(closer)
+    state.advance(single_byte_ids(vocab, ",")[0])
+    assert opener in set(state.allowed_token_ids().tolist())  # a sibling at the deepest level
+    state.advance(opener)
+    for _ in range(FREE_FORM_WINDOW + fa.MAX_SPILLED):  # the deepest value the cap allows closes and ends
+        state.advance(closer)
+    assert state.is_accepting()

@@ -370,6 +370,28 @@ def test_repeated_argument_key_fails_closed(qwen3_vocab):
             assert msg["finish_reason"] == got["finish_reason"] == "stop"
 
 
+def test_arguments_nested_past_the_stack_fail_closed(qwen3_vocab):
+    """Free-form arguments nest at most `MAX_SPILLED` containers past the automaton's window: a deeper output is not
+    in the mask's language, and reading it back (whole or streamed) reports no call instead of raising
+    (RecursionError, before the cap); arguments the cap allows still read back."""
+    from constrain.automaton import MAX_SPILLED
+    from constrain.parse import _usable_arguments
+
+    put = {"type": "function", "function": {"name": "put", "parameters": {"type": "object"}}}
+    index = compile_index(Policy.from_request(tools=[put], tool_choice="auto"), qwen3_vocab, tool_format="hermes")
+    for depth, reported in ((MAX_SPILLED, True), (MAX_SPILLED + 10, False), (1200, False)):
+        args = '{"a": ' + "[" * depth + "]" * depth + "}"
+        ids = encode(qwen3_vocab, f'<tool_call>\n{{"name": "put", "arguments": {args}}}\n</tool_call><|im_end|>')
+        msg = parse_output(index, ids)
+        got, _ = stream(index, ids)
+        assert ("tool_calls" in msg) == reported == ("tool_calls" in got), depth
+        if reported:
+            assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == json.loads(args)
+        else:
+            assert msg["finish_reason"] == got["finish_reason"] == "stop"
+    assert not _usable_arguments('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
 def test_streaming_deltas_carry_index_and_one_head(qwen3_vocab, hermes_auto):
     """openai/codex#7517: every tool_calls entry has `index`; id/type/name only in the first delta of a call."""
     text = CALL + '\n<tool_call>\n{"name": "get", "arguments": {}}\n</tool_call><|im_end|>'

@@ -407,3 +407,19 @@ def test_malformed_patterns(pattern):
         pattern_expr(pattern, pointer="/items/pattern")
     assert info.value.pointer == "/items/pattern"
     assert not isinstance(info.value, UnsupportedSchema)
+
+
+def test_groups_nest_at_most_max_group_depth():
+    """Group nesting is bounded (the parser and the builders recurse per level): past `MAX_GROUP_DEPTH` a pattern
+    is refused at the offset of the first group too deep, whatever the caller's stack; at the bound it compiles."""
+    from constrain.regex import MAX_GROUP_DEPTH
+
+    at_bound = "(a" * MAX_GROUP_DEPTH + ")" * MAX_GROUP_DEPTH
+    dfa = fa.compile(regex_expr(at_bound))
+    assert dfa.matches(b"a" * MAX_GROUP_DEPTH) and not dfa.matches(b"a" * (MAX_GROUP_DEPTH - 1))
+    for pattern in ("(" * 3000 + "a" + ")" * 3000, "(?:" * 100 + "a" + ")" * 100, "(?=" * 100 + "a" + ")" * 100):
+        with pytest.raises(UnsupportedSchema, match=f"groups nested more than {MAX_GROUP_DEPTH} deep at offset") as info:
+            regex_expr(pattern, pointer="/pattern")
+        assert info.value.pointer == "/pattern"
+    with pytest.raises(UnsupportedSchema, match=f"at offset {MAX_GROUP_DEPTH * 3}"):
+        regex_expr("(?:" * 100 + "a" + ")" * 100)

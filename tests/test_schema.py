@@ -884,3 +884,21 @@ def test_unevaluated_properties_against_jsonschema_on_random_schemas(schema):
         except corpus.NotCanonicalisable:
             continue
         assert dfa.matches(text) == oracle.is_valid(value), (value, text)
+
+
+@pytest.mark.parametrize("kind", ["items", "properties", "anyOf", "not", "const"])
+def test_a_schema_nested_past_the_stack_is_a_typed_budget_error(kind):
+    """A document nested thousands of levels deep (which the server refuses before compiling, `MAX_JSON_DEPTH`) is a
+    `BudgetExceeded` naming its depth and deepest value from the library too, not a RecursionError."""
+    schema: object = {"type": "integer"} if kind != "const" else 1
+    for _ in range(3000):
+        schema = {"items": {"type": "array", "items": schema}, "properties": {"type": "object", "properties": {"a": schema}},
+                  "anyOf": {"anyOf": [schema]}, "not": {"not": schema}, "const": [schema]}[kind]
+    if kind == "const":
+        schema = {"const": schema}
+    with pytest.raises(fa.BudgetExceeded, match=r"ran out of Python's stack: it nests \d+ levels of arrays and objects") as info:
+        compile_schema(schema, pointer="/tools/0/parameters")
+    err = info.value
+    assert err.code == "budget_exceeded" and err.pointer.startswith("/tools/0/parameters/")
+    assert err.pointer.count("/") >= 3000  # the deepest value, not the root
+    assert isinstance(err, UnsupportedSchema)
