@@ -1981,7 +1981,10 @@ def _repeated(body: _Glued, lo: int, hi: int | None, budget: _Budget) -> _Glued 
     """body{lo,hi} by gluing copies, or None when copies would overlap."""
     if hi is None:
         tail = _star(body)
-        return None if tail is None else _glue_all([body] * lo + [tail], budget)
+        if tail is None:
+            return None
+        budget.check(lo * len(body))  # (before a list of lo copies: minItems 10**9 would fill memory first)
+        return _glue_all([body] * lo + [tail], budget)
     if hi == 0:
         return _Glued(np.full((1, body.table.shape[1]), -1, np.int32), np.ones(1, bool), 0)
     table, s0 = body.table, body.start

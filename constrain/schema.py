@@ -77,6 +77,9 @@ _REF_ALONE_DRAFTS = ("draft3", "draft4", "draft6", "draft7")
 NOT_MARK = "#not"  # pushed on the `$ref` stack at each `not`: recursion is counted afresh inside the operand
 MAX_NOT_NESTING = 16
 MAX_PATTERN_PROPERTIES = 8
+# The largest count keyword (`maxLength`, `minItems`, ...) enforced: counted strings and arrays keep their bound in an
+# int64 beside the automaton. Past it a bound is `UnsupportedSchema` (no output could reach it anyway).
+MAX_COUNT = 2**63 - 1
 # Assertion keywords of JSON Schema drafts 4 to 2020-12 that constrain does not enforce: always an error.
 UNSUPPORTED = frozenset(
     {
@@ -1031,6 +1034,54 @@ def _canonical_text(value: Any, rank: dict[str, int] | None) -> str:
     return dump_json(value)
 
 
+def _count(schema: dict, key: str, pointer: str, default: int | None = None) -> int | None:
+    """The value of count keyword `key` (`minLength`, `maxItems`, ...) of `schema`, `default` when absent.
+
+    Raises:
+        InvalidSchema: not a non-negative integer (an integral float such as 2.0 is one).
+        UnsupportedSchema: above `MAX_COUNT`.
+    """
+    if key not in schema:
+        return default
+    v = schema[key]
+    if isinstance(v, bool) or not (isinstance(v, int) or isinstance(v, float) and v.is_integer()) or v < 0:
+        raise InvalidSchema(f"'{key}' must be a non-negative integer, got {v!r}", pointer=join_pointer(pointer, key))
+    if v > MAX_COUNT:
+        raise UnsupportedSchema(f"'{key}' {v!r} is above the largest count enforced ({MAX_COUNT})",
+                                pointer=join_pointer(pointer, key))
+    return int(v)
+
+
+_MERGED_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+                            "minItems", "maxItems", "minProperties", "maxProperties"})
+
+
+# what `allOf` merging reads of a keyword's value before the keyword's own compile would check it
+_MERGED_SHAPES = {"required": "an array of strings", "type": "a type name or an array of them",
+                  "properties": "an object", "anyOf": "an array", "oneOf": "an array", "enum": "an array"}
+
+
+def _check_shape(schema: dict, key: str, pointer: str) -> None:
+    v = schema[key]
+    ok = {"required": lambda: isinstance(v, list) and all(isinstance(x, str) for x in v),
+          "type": lambda: isinstance(v, str) or isinstance(v, list) and all(isinstance(x, str) for x in v),
+          "properties": lambda: isinstance(v, dict),
+          "anyOf": lambda: isinstance(v, list), "oneOf": lambda: isinstance(v, list),
+          "enum": lambda: isinstance(v, list)}[key]()
+    if not ok:
+        raise InvalidSchema(f"'{key}' must be {_MERGED_SHAPES[key]}", pointer=join_pointer(pointer, key))
+
+
+def _bound(schema: dict, key: str, pointer: str) -> int | float:
+    """The value of a count or numeric bound keyword that `allOf` merges by min/max, checked as where it applies."""
+    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        v = schema[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidSchema(f"'{key}' must be a number", pointer=join_pointer(pointer, key))
+        return v
+    return _count(schema, key, pointer)
+
+
 def _desugar(schema: dict, pointer: str) -> dict:
     """`schema` with its conditional keywords rewritten as allOf parts of anyOf/not (exact equivalents).
 
@@ -1368,6 +1419,10 @@ class _Compiler:
                 continue
             if key == "_sides":
                 continue  # combined after the loop
+            if key in _MERGED_BOUNDS and not isinstance(bv, bool):
+                _bound(b, key, pb)  # (checked where it is written: a merged value is compared with the next)
+            elif key in _MERGED_SHAPES:
+                _check_shape(b, key, pb)
             if key not in APPLIED and key not in UNSUPPORTED:  # unknown keywords are annotations
                 out.setdefault(key, bv)
                 continue
@@ -1391,10 +1446,13 @@ class _Compiler:
                     props[name] = {"allOf": [props[name], sub]} if name in props else sub
                 out[key] = props
             elif key in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum") and not isinstance(av, bool) and not isinstance(bv, bool):
-                out[key] = max(av, bv)
+                out[key] = max(_bound(out, key, pa), _bound(b, key, pb))
             elif key in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum") and not isinstance(av, bool) and not isinstance(bv, bool):
-                out[key] = min(av, bv)
+                out[key] = min(_bound(out, key, pa), _bound(b, key, pb))
             elif key in ("enum", "const"):
+                for v, at in ((av, pa), (bv, pb)):
+                    if key == "enum" and not isinstance(v, list):
+                        raise InvalidSchema("'enum' must be an array", pointer=join_pointer(at, key))
                 va = av if key == "enum" else [av]
                 vb = bv if key == "enum" else [bv]
                 out.pop("const", None)
@@ -1648,12 +1706,7 @@ class _Compiler:
         """`decoded_string`, and whether it is counted: with `counted`, a string whose maxLength leaves
         `COUNTED_MIN_CHARS` or more characters beyond minLength is its minLength characters, then `fa.counted_chars`
         (the closing marker is the caller's); intersected with its pattern or format, if any."""
-        lo = schema.get("minLength", 0)
-        hi = schema.get("maxLength")
-        for key, v in (("minLength", lo), ("maxLength", hi)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
-                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
-        lo, hi = int(lo), (None if hi is None else int(hi))
+        lo, hi = _count(schema, "minLength", pointer, 0), _count(schema, "maxLength", pointer)
         if hi is not None and hi < lo:
             return fa.NOTHING, False
         parts: list[fa.Expr] = []
@@ -1974,12 +2027,7 @@ class _Compiler:
     # -- arrays --------------------------------------------------------------------------
 
     def array(self, schema: dict, pointer: str, refs: tuple[str, ...]) -> fa.Expr:
-        lo = schema.get("minItems", 0)
-        hi = schema.get("maxItems")
-        for key, v in (("minItems", lo), ("maxItems", hi)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
-                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
-        lo, hi = int(lo), (None if hi is None else int(hi))
+        lo, hi = _count(schema, "minItems", pointer, 0), _count(schema, "maxItems", pointer)
         items = schema.get("items", True)
         prefix = schema.get("prefixItems", [])
         prefix_key = "prefixItems"
@@ -2130,15 +2178,21 @@ class _Compiler:
         where = join_pointer(pointer, "contains")
         bounds = {}
         for key, default in (("minContains", 1), ("maxContains", None)):
-            v = schema.get(key, default)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not float(v).is_integer()):
-                raise InvalidSchema(f"'{key}' must be a non-negative integer", pointer=join_pointer(pointer, key))
-            bounds[key] = None if v is None else int(v)
+            bounds[key] = _count(schema, key, pointer, default)
         m, top = bounds["minContains"], bounds["maxContains"]
         if m == 0 and top is None:
             return None
-        if top is not None and top < m:
+        if top is not None and top < m or hi is not None and m > hi:
             return fa.NOTHING
+        if top is not None and hi is not None and top >= hi:
+            top = None  # (no array holds more matches than items: the bound says nothing)
+            if m == 0:
+                return None
+        # the automaton counts matches up to the larger bound, a state (at least) per count
+        key, bound = ("maxContains", top) if top is not None else ("minContains", m)
+        if bound > self.opts.max_states:
+            raise fa.BudgetExceeded(f"'{key}' {bound} counts elements past the state budget of {self.opts.max_states} "
+                                    "states", pointer=join_pointer(pointer, key))
         sub = schema["contains"]
         inner = self.nested(self.syntax.child())
         if top is not None:
@@ -2215,9 +2269,7 @@ class _Compiler:
             closed = self.opts.closed_objects and "properties" in side
             sides.append((props, self.pattern_properties(side, pointer), side.get("additionalProperties", False if closed else True)))
         names_schema = schema.get("propertyNames", True)
-        min_p = int(schema.get("minProperties", 0))
-        max_p = schema.get("maxProperties")
-        max_p = None if max_p is None else int(max_p)
+        min_p, max_p = _count(schema, "minProperties", pointer, 0), _count(schema, "maxProperties", pointer)
         names_expr = names_dfa = key_texts = None
         if names_schema is not True:
             names_pointer = join_pointer(pointer, "propertyNames")
@@ -2318,7 +2370,19 @@ class _Compiler:
         n_req = sum(1 for _, r in members if r)
         if max_p is not None and n_req > max_p:
             return fa.NOTHING
+        if extra_member is None:  # at most the declared members: bounds past their number say nothing more
+            if min_p > len(members):
+                return fa.NOTHING
+            if max_p is not None and max_p >= len(members):
+                max_p = None
         counted = min_p > 0 or max_p is not None
+        if counted:
+            # the automaton counts members up to the larger bound, a state (at least) per count: one past the
+            # state budget is refused before building an expression of that size
+            key, bound = ("maxProperties", max_p) if max_p is not None else ("minProperties", min_p)
+            if bound > self.opts.max_states:
+                raise fa.BudgetExceeded(f"'{key}' {bound} counts members past the state budget of "
+                                        f"{self.opts.max_states} states", pointer=join_pointer(pointer, key))
         body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
         return fa.concat(syntax.obj_open, body, syntax.obj_close)
 
@@ -2357,6 +2421,8 @@ class _Compiler:
             return fa.NOTHING
         if "enum" in resolved or "const" in resolved:
             values = resolved.get("enum", [resolved.get("const")])
+            if not isinstance(values, list):
+                raise InvalidSchema("'enum' must be an array", pointer=join_pointer(pointer, "enum"))
             return fa.union(*(fa.literal(v.encode()) for v in values if isinstance(v, str)))
         return self.decoded_string(resolved, pointer)
 

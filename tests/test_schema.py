@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import time
 
 import jsonschema
 import pytest
@@ -902,3 +903,54 @@ def test_a_schema_nested_past_the_stack_is_a_typed_budget_error(kind):
     assert err.code == "budget_exceeded" and err.pointer.startswith("/tools/0/parameters/")
     assert err.pointer.count("/") >= 3000  # the deepest value, not the root
     assert isinstance(err, UnsupportedSchema)
+
+
+BAD_KEYWORD_VALUES = [  # (schema, error type, pointer): found by a seeded fuzz of keyword soup; each was a TypeError,
+    # ValueError, OverflowError or MemoryError, or ran past its time budget (a 500 or a hang in the server)
+    ({"type": "object", "minProperties": "x"}, InvalidSchema, "/minProperties"),
+    ({"type": "object", "maxProperties": {"a": 1}}, InvalidSchema, "/maxProperties"),
+    ({"type": "string", "minLength": None}, InvalidSchema, "/minLength"),
+    ({"type": "array", "minItems": None}, InvalidSchema, "/minItems"),
+    ({"allOf": [{"maximum": ["a"]}, {"maximum": {"b": 1}}]}, InvalidSchema, "/allOf/0/maximum"),
+    ({"maximum": 3, "allOf": [{"maximum": 1}, {"maximum": {"b": 1}}]}, InvalidSchema, "/allOf/1/maximum"),
+    ({"allOf": [{"minLength": 1}, {"minLength": "2"}]}, InvalidSchema, "/allOf/1/minLength"),
+    ({"allOf": [{"enum": [1]}, {"enum": 2.5}]}, InvalidSchema, "/allOf/1/enum"),
+    ({"type": "object", "propertyNames": {"enum": 0}}, InvalidSchema, "/propertyNames/enum"),
+    ({"allOf": [{"required": ["a"]}, {"required": 2.5}]}, InvalidSchema, "/allOf/1/required"),
+    ({"allOf": [{"type": "string"}, {"type": [1, "a"]}]}, InvalidSchema, "/allOf/1/type"),
+    ({"allOf": [{"properties": {}}, {"properties": 3}]}, InvalidSchema, "/allOf/1/properties"),
+    ({"allOf": [{"anyOf": [{}]}, {"anyOf": {"a": 1}}]}, InvalidSchema, "/allOf/1/anyOf"),
+    ({"type": "array", "minItems": 1e308}, UnsupportedSchema, "/minItems"),
+    ({"type": "object", "minProperties": 1e308}, UnsupportedSchema, "/minProperties"),
+    ({"type": "object", "minProperties": 10**6}, fa.BudgetExceeded, "/minProperties"),
+    ({"type": "object", "maxProperties": 10**9}, fa.BudgetExceeded, "/maxProperties"),
+    ({"type": "array", "minItems": 10**12}, fa.BudgetExceeded, "/minItems"),
+    ({"type": "array", "contains": {"type": "integer"}, "minContains": 10**6}, fa.BudgetExceeded, "/minContains"),
+    ({"type": "array", "contains": {"type": "integer"}, "maxContains": 10**18}, fa.BudgetExceeded, "/maxContains"),
+]
+
+
+@pytest.mark.parametrize("schema, error, pointer", BAD_KEYWORD_VALUES)
+def test_bad_or_huge_keyword_values_are_typed_errors_at_once(schema, error, pointer):
+    t0 = time.monotonic()
+    with pytest.raises(error) as info:
+        compile_schema(schema, timeout_s=5)
+    assert info.value.pointer == pointer and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("schema, texts, not_texts", [
+    # bounds no value can reach say nothing, and ones no value can meet leave nothing: compiled at once either way
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False,
+      "maxProperties": 10**12}, [b"{}", b'{"a":1}'], [b'{"b":1}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False,
+      "minProperties": 10**12}, [], [b"{}", b'{"a":1}']),
+    ({"type": "array", "maxItems": 2, "contains": {"const": 1}, "maxContains": 10**12}, [b"[1,1]", b"[1]"], [b"[]", b"[2]"]),
+    ({"type": "array", "maxItems": 2, "contains": {"const": 1}, "minContains": 10**12}, [], [b"[1,1]"]),
+])
+def test_count_bounds_past_what_the_other_keywords_allow(schema, texts, not_texts):
+    try:
+        dfa = compile_schema(schema, whitespace="compact", timeout_s=5).dfa
+    except UnsupportedSchema as err:  # an empty language is refused as such
+        assert not texts and "no JSON value satisfies" in str(err)
+        return
+    assert all(dfa.matches(t) for t in texts) and not any(dfa.matches(t) for t in not_texts)
