@@ -1056,20 +1056,26 @@ _MERGED_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusive
                             "minItems", "maxItems", "minProperties", "maxProperties"})
 
 
-# what `allOf` merging reads of a keyword's value before the keyword's own compile would check it
-_MERGED_SHAPES = {"required": "an array of strings", "type": "a type name or an array of them",
-                  "properties": "an object", "anyOf": "an array", "oneOf": "an array", "enum": "an array"}
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# what `allOf` merging reads of a keyword's value before the keyword's own compile would check it: (what it must be,
+# the check)
+_MERGED_SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "required": ("an array of strings", _names),
+    "type": ("a type name or an array of them", lambda v: isinstance(v, str) or _names(v)),
+    "properties": ("an object", lambda v: isinstance(v, dict)),
+    "anyOf": ("an array", lambda v: isinstance(v, list)),
+    "oneOf": ("an array", lambda v: isinstance(v, list)),
+    "enum": ("an array", lambda v: isinstance(v, list)),
+}
 
 
 def _check_shape(schema: dict, key: str, pointer: str) -> None:
-    v = schema[key]
-    ok = {"required": lambda: isinstance(v, list) and all(isinstance(x, str) for x in v),
-          "type": lambda: isinstance(v, str) or isinstance(v, list) and all(isinstance(x, str) for x in v),
-          "properties": lambda: isinstance(v, dict),
-          "anyOf": lambda: isinstance(v, list), "oneOf": lambda: isinstance(v, list),
-          "enum": lambda: isinstance(v, list)}[key]()
-    if not ok:
-        raise InvalidSchema(f"'{key}' must be {_MERGED_SHAPES[key]}", pointer=join_pointer(pointer, key))
+    what, ok = _MERGED_SHAPES[key]
+    if not ok(schema[key]):
+        raise InvalidSchema(f"'{key}' must be {what}", pointer=join_pointer(pointer, key))
 
 
 def _bound(schema: dict, key: str, pointer: str) -> int | float:
@@ -1446,13 +1452,12 @@ class _Compiler:
                     props[name] = {"allOf": [props[name], sub]} if name in props else sub
                 out[key] = props
             elif key in ("minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum") and not isinstance(av, bool) and not isinstance(bv, bool):
-                out[key] = max(_bound(out, key, pa), _bound(b, key, pb))
+                out[key] = max(_bound(out, key, pa), bv)  # (bv checked above)
             elif key in ("maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum") and not isinstance(av, bool) and not isinstance(bv, bool):
-                out[key] = min(_bound(out, key, pa), _bound(b, key, pb))
+                out[key] = min(_bound(out, key, pa), bv)
             elif key in ("enum", "const"):
-                for v, at in ((av, pa), (bv, pb)):
-                    if key == "enum" and not isinstance(v, list):
-                        raise InvalidSchema("'enum' must be an array", pointer=join_pointer(at, key))
+                if key == "enum":
+                    _check_shape(out, key, pa)  # (bv checked above)
                 va = av if key == "enum" else [av]
                 vb = bv if key == "enum" else [bv]
                 out.pop("const", None)
