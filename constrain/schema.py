@@ -1306,9 +1306,10 @@ class _Compiler:
                 raise InvalidSchema(f"'$ref' target {ref!r} is not a schema", pointer=join_pointer(pointer, "$ref"))
             target = _desugar(target, target_pointer)
             if siblings and any(k not in ANNOTATIONS and k not in ("$defs", "definitions") for k in siblings):
-                if any(k in target for k in UNEVALUATED) and self.unevaluated_applies():
-                    # the target's unevaluated* see only what the target evaluates: rewritten before the siblings
-                    # merge in
+                if "allOf" in target or any(k in target for k in UNEVALUATED) and self.unevaluated_applies():
+                    # the target is resolved before the siblings merge in: its allOf parts' properties come before
+                    # the siblings' (the target stands where the `$ref` was), and its unevaluated* see only what
+                    # the target evaluates
                     target, target_pointer, refs = self.resolve(target, target_pointer, refs)
                     if target is None:
                         return None, pointer, refs

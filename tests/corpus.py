@@ -243,9 +243,10 @@ class CanonicalWriter:
             raise NotCanonicalisable(f"cannot resolve $ref {ref!r}") from err
 
     def _desugar(self, schema: dict, data: Any) -> dict:
-        """`schema` with dependencies and if/then/else as the allOf parts that hold for `data` (the compiler rewrites
-        them into anyOf parts: per dependency `name` absent or present with its requirement; `if`: allOf[if, then]
-        or allOf[not if, else])."""
+        """`schema` with dependencies and if/then/else as allOf parts holding an anyOf of the one branch that holds
+        for `data` (the compiler rewrites them into anyOf parts: per dependency `name` absent or present with its
+        requirement; `if`: allOf[if, then] or allOf[not if, else]), so that their keys come where an anyOf's
+        branch's do: after the rest of the conjunction, a `$ref`'s siblings included."""
         if not any(k in schema for k in _DESUGARED):
             return schema
         out = {k: v for k, v in schema.items() if k not in _DESUGARED}
@@ -256,9 +257,9 @@ class CanonicalWriter:
                 if name not in data:
                     continue
                 if isinstance(need, list) and key != "dependentSchemas":
-                    parts.append({"required": [name, *need]})
+                    parts.append({"anyOf": [{"required": [name, *need]}]})
                 elif isinstance(need, (dict, bool)) and key != "dependentRequired" and need is not True and need != {}:
-                    parts.append({"allOf": [{"required": [name]}, need]})
+                    parts.append({"anyOf": [{"allOf": [{"required": [name]}, need]}]})
         if "if" in schema:
             cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
             if cond is True:
@@ -266,7 +267,8 @@ class CanonicalWriter:
             elif cond is False:
                 parts.append(other)
             elif then is not True or other is not True:
-                parts.append({"allOf": [cond, then]} if self._valid(cond, data) else {"allOf": [{"not": cond}, other]})
+                branch = {"allOf": [cond, then]} if self._valid(cond, data) else {"allOf": [{"not": cond}, other]}
+                parts.append({"anyOf": [branch]})
         if not parts:
             return out
         return {**out, "allOf": [*out.get("allOf", []), *parts]} if isinstance(out.get("allOf", []), list) else out

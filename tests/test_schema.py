@@ -812,6 +812,26 @@ def test_unevaluated_keywords_beside_a_choice_are_refused(schema, pointer):
     assert [p for p, _ in relaxed.relaxed] == [pointer]
 
 
+@pytest.mark.parametrize("target, order", [
+    ({"allOf": [{"properties": {"b": {}, "a": {}}}]}, b'{"b":1,"a":2}'),
+    ({"properties": {"c": {}}, "allOf": [{"properties": {"b": {}}}]}, b'{"c":1,"b":1,"a":2}'),
+    ({"if": {"required": ["b"]}, "then": {"properties": {"b": {}}}}, b'{"a":2,"b":1}'),
+    ({"anyOf": [{"properties": {"b": {}}}]}, b'{"a":2,"b":1}'),
+])
+def test_a_refs_target_keys_come_before_its_siblings(target, order):
+    """A `$ref` stands where its target is: the target's keys, its own allOf parts' included, come before the
+    `$ref`'s sibling properties; an anyOf branch's (and an if/then's, rewritten as one) after the rest, as without
+    the `$ref` (Hypothesis found the allOf case: the engine wrote the siblings' keys first; unevaluatedProperties
+    beside a choice is refused)."""
+    for unevaluated in ({}, {"unevaluatedProperties": False}) if "allOf" in target else ({},):
+        schema = {"properties": {"a": {}}, "$ref": "#/$defs/d", **unevaluated, "$defs": {"d": target}}
+        dfa = compile_schema(schema, whitespace="compact").dfa
+        value = json.loads(order)
+        assert corpus.CanonicalWriter(schema).text(value) == order
+        assert dfa.matches(order)
+        assert not dfa.matches(json.dumps(dict(reversed(value.items())), separators=(",", ":")).encode())
+
+
 def test_unevaluated_beside_an_if_without_then_is_refused():
     # `if` alone asserts nothing, yet where it passes its properties are evaluated (JSON-Schema-Test-Suite 2020-12
     # unevaluatedProperties/302, unevaluatedItems/334): refused, also from inside an allOf part or a $ref target
