@@ -403,6 +403,71 @@ _SUBSCHEMA_KEYWORDS: dict[str, tuple[frozenset[str], frozenset[str], frozenset[s
 }
 
 
+# Keywords that apply their subschemas to the value itself (the rest descend into its members, items or names).
+_IN_PLACE = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies",
+                       "extends"})
+
+
+def _in_place_loop(root: Any, draft: str) -> str | None:
+    """The JSON Pointer (in `root`) of a `$ref` that leads back to itself through in-place keywords only (`$ref`,
+    `allOf`, `not`, `if`, ...), without descending into the value, in a subschema the root reaches; else None.
+    Such a schema never finishes validating anything ("the behavior is undefined", JSON Schema 2020-12 core 9.4.1;
+    python-jsonschema recurses until its stack runs out). Unused `$defs` are not visited."""
+    def edges(node: dict, where: str) -> list[tuple[bool, Any, str]]:
+        """(in place?, subschema, its pointer) for every subschema of `node`, its `$ref` target included."""
+        out: list[tuple[bool, Any, str]] = []
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and (not ref[1:] or ref[1:].startswith("/")):
+            target = _node_at(root, ref[1:])
+            if isinstance(target, dict):
+                out.append((True, target, ref[1:]))
+            if draft in _REF_ALONE_DRAFTS:
+                return out  # (its siblings are not keywords there)
+        for path, sub in _subschemas(node, draft):
+            if path[0] not in ("$defs", "definitions") and isinstance(sub, dict):
+                out.append((path[0] in _IN_PLACE, sub, join_pointer(where, *path)))
+        deps = node.get("dependencies")
+        if draft in ("draft2019-09", "draft2020-12") and isinstance(deps, dict):
+            out += [(True, sub, join_pointer(where, "dependencies", k)) for k, sub in deps.items() if isinstance(sub, dict)]
+        return out
+
+    if not isinstance(root, dict):
+        return None
+    # every subschema the root reaches, then a depth-first search of the in-place edges from each for a cycle
+    reached: dict[int, tuple[dict, str]] = {id(root): (root, "")}
+    todo = [(root, "")]
+    while todo:
+        node, where = todo.pop()
+        for _, sub, at in edges(node, where):
+            if id(sub) not in reached:
+                reached[id(sub)] = (sub, at)
+                todo.append((sub, at))
+    done: set[int] = set()
+    for start, at in reached.values():
+        if id(start) in done:
+            continue
+        path = [(start, at, iter([e for e in edges(start, at) if e[0]]))]
+        on_path = {id(start)}
+        while path:
+            node, where, rest = path[-1]
+            step = next(rest, None)
+            if step is None:
+                path.pop()
+                on_path.discard(id(node))
+                done.add(id(node))
+                continue
+            _, sub, sub_at = step
+            if id(sub) in on_path:
+                # the loop: from sub's place on the path back to it; name its first `$ref`
+                loop = [n for n, _, _ in path[[id(n) for n, _, _ in path].index(id(sub)):]]
+                where_ref = next(w for n, w, _ in path[len(path) - len(loop):] if isinstance(n.get("$ref"), str))
+                return join_pointer(where_ref, "$ref")
+            if id(sub) not in done:
+                on_path.add(id(sub))
+                path.append((sub, sub_at, iter([e for e in edges(sub, sub_at) if e[0]])))
+    return None
+
+
 def _subschemas(node: dict, draft: str) -> list[tuple[tuple[str | int, ...], Any]]:
     """The subschemas of `node` under `draft` that `referencing` crawls for `$id`s: (path from node, subschema)."""
     in_value, in_array, in_values = _SUBSCHEMA_KEYWORDS[draft]
@@ -1177,6 +1242,7 @@ class _Compiler:
         self.stack = False
         self.stacked = [False]
         self.cut = [False]  # whether a recursive `$ref` was cut at `ref_limit` (shared by the nested compilers)
+        self.loops_checked = [False]  # whether `_in_place_loop` ran (once recursion shows; shared likewise)
         # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
         # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
         # a freed one's id could be given to another
@@ -1282,6 +1348,14 @@ class _Compiler:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise InvalidSchema("'$ref' must be a string", pointer=join_pointer(pointer, "$ref"))
+            if ref in refs and not self.loops_checked[0]:
+                # recursion: once per compile, whether some `$ref` loops back in place (never finishes validating)
+                self.loops_checked[0] = True
+                loop = _in_place_loop(self.root, self.draft)
+                if loop is not None:
+                    raise InvalidSchema("'$ref' leads back to itself through in-place keywords ($ref, allOf, anyOf,"
+                                        " oneOf, not, if/then/else, dependentSchemas) without descending into the"
+                                        " value: an infinite loop, undefined in JSON Schema", pointer=self.base + loop)
             since_not = refs[len(refs) - refs[::-1].index(NOT_MARK):] if NOT_MARK in refs else refs
             if since_not.count(ref) >= self.ref_limit:
                 self.cut[0] = True

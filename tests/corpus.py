@@ -367,7 +367,8 @@ class CanonicalWriter:
                 for c in conj:
                     names = c.get(key)
                     if isinstance(names, (dict, list)):
-                        order += [k for k in names if isinstance(k, str) and k in data and k not in order]
+                        # (a name listed twice, `dependentRequired: {a: [a]}`, is written once)
+                        order += [k for k in dict.fromkeys(names) if isinstance(k, str) and k in data and k not in order]
             order += [k for k in data if k not in order]
             if rank is not None:
                 order.sort(key=lambda k: rank.get(k, len(rank)))

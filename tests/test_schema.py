@@ -974,3 +974,37 @@ def test_count_bounds_past_what_the_other_keywords_allow(schema, texts, not_text
         assert not texts and "no JSON value satisfies" in str(err)
         return
     assert all(dfa.matches(t) for t in texts) and not any(dfa.matches(t) for t in not_texts)
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$ref": "#"}, "/$ref"),
+    ({"$ref": "#/$defs/d", "$defs": {"d": {"$ref": "#/$defs/d"}}}, "/$defs/d/$ref"),
+    # under `not` the cut recursion left an empty operand: its complement was every value
+    ({"not": {"$ref": "#/$defs/d"}, "$defs": {"d": {"$ref": "#/$defs/d"}}}, "/$defs/d/$ref"),
+    ({"anyOf": [{"$ref": "#"}, {"type": "integer"}]}, "/anyOf/0/$ref"),
+    ({"type": "integer", "allOf": [{"$ref": "#"}]}, "/allOf/0/$ref"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"not": {"$ref": "#/$defs/b"}},
+                                     "b": {"if": {"type": "string"}, "then": {"$ref": "#/$defs/a"}}}}, "/$defs/a/not/$ref"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
+      "definitions": {"a": {"allOf": [{"$ref": "#/definitions/a"}]}}}, "/definitions/a/allOf/0/$ref"),
+    ({"properties": {"p": {"$ref": "#/$defs/d"}}, "$defs": {"d": {"dependentSchemas": {"x": {"$ref": "#/$defs/d"}}}}},
+     "/$defs/d/dependentSchemas/x/$ref"),
+])
+def test_a_ref_that_loops_in_place_is_invalid(schema, pointer):
+    """A `$ref` that comes back to itself without descending into the value never finishes validating (JSON Schema
+    leaves it undefined; python-jsonschema recurses until its stack runs out): InvalidSchema at that `$ref`, where
+    the recursion cut used to make it match nothing (or, under `not`, everything)."""
+    with pytest.raises(InvalidSchema, match="leads back to itself through in-place keywords") as info:
+        compile_schema(schema)
+    assert info.value.pointer == pointer
+
+
+def test_recursion_through_a_value_and_unused_loops_still_compile():
+    """Only loops the root reaches in place are refused: recursion through properties or items unrolls as before,
+    and a looping definition nothing refers to is not visited."""
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "additionalProperties": False}
+    assert compile_schema(tree, whitespace="compact").dfa.matches(b'{"kids":[{"kids":[]}]}')
+    unused = {"type": "integer", "$defs": {"d": {"$ref": "#/$defs/d"}}}
+    assert compile_schema(unused, whitespace="compact").dfa.matches(b"7")
+    inside = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]}
+    assert compile_schema(inside, whitespace="compact").dfa.matches(b"[1,[2]]")
