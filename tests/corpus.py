@@ -375,16 +375,20 @@ class CanonicalWriter:
             members = []
             for k in order:
                 subs = []
+                evaluated = False
                 for c in conj:
                     props = c.get("properties") if isinstance(c.get("properties"), dict) else {}
                     patterns = c.get("patternProperties") if isinstance(c.get("patternProperties"), dict) else {}
                     matching = [sub for pattern, sub in patterns.items() if _search(pattern, k)]
+                    evaluated |= k in props or bool(matching) or "additionalProperties" in c
                     if k in props:
                         subs += [props[k], *matching]
                     elif matching:
                         subs += matching
                     elif isinstance(c.get("additionalProperties"), dict):
                         subs.append(c["additionalProperties"])
+                if not evaluated:  # (a key no part evaluates is written under unevaluatedProperties)
+                    subs += [c["unevaluatedProperties"] for c in conj if isinstance(c.get("unevaluatedProperties"), dict)]
                 members.append(json.dumps(k, ensure_ascii=False) + self.colon + self._write(subs, data[k], rank))
             return "{" + self.comma.join(members) + "}"
         if isinstance(data, list):
@@ -400,6 +404,8 @@ class CanonicalWriter:
             items = []
             for i, v in enumerate(data):
                 subs = [s for c in conj if (s := _item_schema(c, i)) is not None]
+                if not any(_evaluates_item(c, i) for c in conj):  # (written under unevaluatedItems)
+                    subs += [c["unevaluatedItems"] for c in conj if isinstance(c.get("unevaluatedItems"), dict)]
                 subs += [s for s in counting if self._valid(s, v)]
                 items.append(self._write(subs, v, rank))
             return "[" + self.comma.join(items) + "]"
@@ -444,6 +450,14 @@ def _json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(map(_json_equal, a, b))
     return a == b
+
+
+def _evaluates_item(schema: dict, i: int) -> bool:
+    """Whether `schema`'s own `prefixItems`/`items`/`additionalItems` evaluate the i-th item."""
+    prefix, rest = schema.get("prefixItems"), schema.get("items")
+    if isinstance(rest, list):  # draft 4-7 tuple form
+        prefix, rest = rest, schema.get("additionalItems")
+    return (isinstance(prefix, list) and i < len(prefix)) or rest is not None
 
 
 def _item_schema(schema: dict, i: int) -> Any:
