@@ -11,6 +11,7 @@ import json
 import random
 
 import jsonschema
+import numpy as np
 import pytest
 
 from constrain.compiler import compile_index
@@ -69,10 +70,23 @@ def policy_for(tools: list[dict], choice: str, parallel: bool | None) -> Policy:
     return Policy.from_request(**fields)
 
 
+_SHORT: dict[int, tuple[object, np.ndarray]] = {}
+
+
+def _short_tokens(vocab) -> np.ndarray:
+    """bool [vocab_size]: the special and one-byte tokens of `vocab` (cached per vocabulary object)."""
+    hit = _SHORT.get(id(vocab))
+    if hit is None or hit[0] is not vocab:
+        table = np.zeros(vocab.vocab_size, dtype=bool)
+        table[[t for t, b in enumerate(vocab.token_bytes) if len(b) == 1]] = True
+        table[list(vocab.special_ids)] = True
+        hit = _SHORT[id(vocab)] = (vocab, table)
+    return hit[1]
+
+
 def walk(index, rng: random.Random, extra: int) -> list[int]:
     """A random output drawn from the budgeted masks (biased toward special and one-byte tokens for structure)."""
-    vocab = index.vocab
-    special = set(vocab.special_ids)
+    short_tokens = _short_tokens(index.vocab)
     state = index.start()
     budget = index.min_tokens_from_start() + extra
     ids: list[int] = []
@@ -80,8 +94,8 @@ def walk(index, rng: random.Random, extra: int) -> list[int]:
         allowed = state.allowed_token_ids(budget=max(budget - len(ids), 0))
         assert len(allowed), "the budgeted mask is never empty before the output ends"
         if rng.random() < 0.35:
-            short = [int(t) for t in allowed if int(t) in special or len(vocab.token_bytes[int(t)]) == 1]
-            tok = rng.choice(short) if short else int(rng.choice(allowed))
+            short = allowed[short_tokens[allowed]]
+            tok = int(rng.choice(short)) if len(short) else int(rng.choice(allowed))
         else:
             tok = int(rng.choice(allowed))
         state.advance(tok)
