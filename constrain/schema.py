@@ -458,10 +458,9 @@ def _in_place_loop(root: Any, draft: str) -> str | None:
                 continue
             _, sub, sub_at = step
             if id(sub) in on_path:
-                # the loop: from sub's place on the path back to it; name its first `$ref`
-                loop = [n for n, _, _ in path[[id(n) for n, _, _ in path].index(id(sub)):]]
-                where_ref = next(w for n, w, _ in path[len(path) - len(loop):] if isinstance(n.get("$ref"), str))
-                return join_pointer(where_ref, "$ref")
+                # the loop runs from sub's place on the path to here: name its first `$ref`
+                start_at = [id(n) for n, _, _ in path].index(id(sub))
+                return join_pointer(next(w for n, w, _ in path[start_at:] if isinstance(n.get("$ref"), str)), "$ref")
             if id(sub) not in done:
                 on_path.add(id(sub))
                 path.append((sub, sub_at, iter([e for e in edges(sub, sub_at) if e[0]])))
