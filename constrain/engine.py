@@ -279,6 +279,7 @@ class Engine:
     def _serve(self, job: Job) -> None:
         import torch
 
+        from constrain.automaton import BudgetExceeded, Deadline
         from constrain.compiler import DEFAULT_CACHE
 
         if time.monotonic() > job.deadline:
@@ -318,12 +319,20 @@ class Engine:
             torch.manual_seed(request.seed)
         hook = _Hook(job, len(job.prompt_ids))
         t1 = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(
-                torch.tensor([job.prompt_ids]), attention_mask=torch.ones(1, len(job.prompt_ids), dtype=torch.long),
-                max_new_tokens=job.max_new_tokens, min_new_tokens=0, logits_processor=processors,
-                stopping_criteria=[hook], eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id,
-                repetition_penalty=None, **sampling)
+        # the request's deadline bounds a token-budget table that a long output builds while decoding (an output
+        # that comes within the index's bound of its max_tokens: `TokenIndex.completes_within`), as the hook bounds
+        # the steps
+        try:
+            with torch.inference_mode(), Deadline(expires_at=job.deadline).active():
+                out = self.model.generate(
+                    torch.tensor([job.prompt_ids]), attention_mask=torch.ones(1, len(job.prompt_ids), dtype=torch.long),
+                    max_new_tokens=job.max_new_tokens, min_new_tokens=0, logits_processor=processors,
+                    stopping_criteria=[hook], eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id,
+                    repetition_penalty=None, **sampling)
+        except BudgetExceeded as err:
+            self._log(job, "timeout", compile_ms, cache_hit, hook.sent, time.perf_counter() - t1)
+            raise RequestTimeout(f"the request ran past the server's {self.timeout:g} s timeout while its token "
+                                 "budget table was built") from err
         seconds = time.perf_counter() - t1
         ids = out[0, len(job.prompt_ids):].tolist()
         hook.flush(ids)
@@ -348,8 +357,8 @@ class Engine:
                            "seconds": seconds}))
 
     def _compile(self, job: Job) -> tuple[Any, int] | None:
-        """The job's token index and the fewest tokens a valid reply needs (0 unconstrained), or None when the job
-        was cancelled meanwhile.
+        """The job's token index and the fewest tokens a valid reply needs when that is more than the job's
+        `max_new_tokens` (else 0; 0 unconstrained), or None when the job was cancelled meanwhile.
 
         Compilation runs on its own thread under one `Deadline` (the compile budget or the request's deadline,
         whichever comes first) that covers every schema, the policy automaton and the index's `min_tokens` table.
@@ -376,7 +385,8 @@ class Engine:
                     index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking,
                                           deadline=deadline)
                     box["index"] = index
-                    box["result"] = (index, index.min_tokens_from_start() if self.constrained else 0)
+                    fits = not self.constrained or index.completes_within(job.max_new_tokens)
+                    box["result"] = (index, 0 if fits else index.min_tokens_from_start())
             except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job
                 box["error"] = err
             finally:

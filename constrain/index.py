@@ -86,6 +86,11 @@ _C_STEP_BYTES = 16
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
 
+# The most states an index may have and still leave its `min_tokens` table to the first budget that can bind
+# (`TokenIndex.completes_within`): a table costs ~50-160 us a state (3,801 states: 190 ms; 3,080 mostly wide ones:
+# 490 ms), so a decode that comes near its budget stalls once for at most ~1.5 s; larger ones build it up front.
+LAZY_TABLE_MAX_STATES = 10_000
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Reference masks: once per vocabulary, the wide states every JSON string has
@@ -277,8 +282,10 @@ class TokenIndex:
     `B >= min_tokens(s)`, every token sequence drawn from the budgeted masks (the budget falling by one per token)
     reaches an accepting state within `B` tokens, and the budgeted mask is never empty before it does. The table of
     `min_tokens` costs one trie walk per state (what `eager=True` does anyway, and then it is built at construction);
-    a lazy index builds it on the first budget or `min_tokens` call. A budgeted mask equals the unbudgeted one, and is
-    the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk, cached per (state, level).
+    a lazy index builds it on the first `min_tokens` call or the first budget below a bound read off the automaton
+    without a trie walk (`completes_within`: from that bound on no budget binds). A budgeted mask equals the
+    unbudgeted one, and is the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk,
+    cached per (state, level).
 
     Deep values (`fa.nested_values`): a cursor keeps the container kinds spilled past the automaton's window. Its
     mask is its state's row except for the tokens with at least `window` closing brackets, walked with the stack
@@ -538,7 +545,8 @@ class TokenIndex:
         row_of = self._row_of
         if not 0 <= state < len(row_of):  # also rejects the dead state -1 instead of wrapping around
             raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
-        if budget is not None and budget < self._budget_tables()[2][state]:
+        if (budget is not None and budget < (self._free_from if self._bound else self._bounds()[1])
+                and budget < self._budget_tables()[2][state]):
             return self._budget_row(state, budget)
         row = row_of[state]
         if row >= 0:
@@ -579,6 +587,24 @@ class TokenIndex:
             InternalError: no token sequence of this vocabulary is accepted.
         """
         return self.min_tokens(int(self._plain.start))
+
+    def completes_within(self, budget: int) -> bool:
+        """Whether a valid output fits in `budget` tokens (EOS not counted): `min_tokens_from_start() <= budget`.
+
+        A budget at or past `_bounds`' free_from (1 + the largest bound on a state's fewest tokens; 18-41 on the
+        engine benchmark's workloads) is answered without a trie walk: no mask under such a budget differs from
+        the unbudgeted one, so decoding reads no table until the budget left falls below it, and an output that ends
+        before then never builds it. A smaller budget builds the exact table now (one trie walk per state, as
+        `min_tokens_from_start`), which masks under it read anyway; so does an automaton of more than
+        `LAZY_TABLE_MAX_STATES` states, whose table would otherwise stall a decode that runs that far for seconds
+        (a 115k-state policy: most of a minute). Call it under the caller's `Deadline`, which then bounds the table.
+        An output that runs until fewer than free_from tokens are left builds it then, once per index (30-500 ms on
+        the engine benchmark's workloads).
+        """
+        bound, free_from = self._bounds()
+        if budget >= free_from and self._n_states <= LAZY_TABLE_MAX_STATES:
+            return bound[int(self._plain.start)] <= budget
+        return self.min_tokens_from_start() <= budget
 
     def budget_horizon(self, state: int) -> int:
         """A budget from which on `state`'s budgeted mask is its unbudgeted one (the same cached row).
@@ -711,7 +737,10 @@ class TokenIndex:
         """The row of a cursor at `state` with `stack` (and its counter at `count`/`limit`): the row `base` (the
         state's mask under what the stack leaves of the budget) with each deep token's bit replaced by an exact walk."""
         room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
-        tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
+        # (the horizon is below `_bounds`' free_from: a budget past that is not tight without reading the table)
+        tight = budget is not None and (
+            budget - len(stack) - self._most_opened < self._bounds()[1]
+            and budget - len(stack) - self._most_opened <= self.budget_horizon(state))
         # near a full stack, a token may spill past `MAX_SPILLED`: every token with a bracket is walked
         full = len(stack) + self._most_opened >= MAX_SPILLED
         tokens = self._bracketed if tight or full else self._deep
@@ -724,7 +753,6 @@ class TokenIndex:
         mask = np.array(words, dtype=np.int32, copy=True)
         bits = mask.view(np.uint32)
         need = self._need_ticks() if limit >= 0 else None
-        table = self._min_tokens_list or self._budget_tables()[1] if budget is not None else None
         for t, data in tokens:
             left = list(stack)
             s, c, lim, at = walk_counted(self._tr_view, self._n_classes, self._cls_list, self._eff_view, self._limits,
@@ -732,7 +760,7 @@ class TokenIndex:
                                          self._spill_view, self._refill_view, left)
             ok = at < 0 and not (need is not None and 0 <= lim == c and need[s])
             if ok and budget is not None:
-                ok = table[s] + len(left) <= budget - 1
+                ok = self._within(s, budget - 1 - len(left))
             if ok:
                 bits[t >> 5] |= np.uint32(1 << (t & 31))
             else:
@@ -884,6 +912,8 @@ class TokenIndex:
         self._min_tokens_list: list[int] = []
         self._horizon: list[int] = []
         self._budget_rows: dict[tuple[int, int], int] = {}  # (state, budget) -> row, only for budget < horizon
+        self._bound: list[int] = []  # `_bounds`, on first use
+        self._free_from = NO_COMPLETION
         if saved is not None:
             dist, horizon, rows = saved
             self._horizon = list(horizon)
@@ -891,6 +921,50 @@ class TokenIndex:
             self._min_tokens_list = np.asarray(dist).tolist()
             self._min_tokens = np.array(dist, dtype=np.int64)
             self._min_tokens.flags.writeable = False
+
+    def _bounds(self) -> tuple[list[int], int]:
+        """`(bound, free_from)`, built once per index without a trie walk (0.2-2.2 ms on the engine benchmark's
+        workloads, where the exact table takes 5-675 ms; 83 s on a 269k-state policy).
+
+        `bound[s] >= min_tokens(s)`, the tokens of one valid completion: a shortest path from `s` to acceptance over
+        bytes that are tokens by themselves and grammar-named special ids, its bytes split into the vocabulary's
+        tokens as cheaply as the bounds of the states along it allow (in C; without it, the path's length: a bound
+        2-4x looser). `NO_COMPLETION` where there is none, 0 for the finished pseudo-state. `free_from`: 1 + the
+        largest bound, a budget from which on no state's budgeted mask differs from its unbudgeted one (every token
+        leads to a state whose completion fits): decoding under such a budget never needs the exact table.
+        """
+        if self._bound:
+            return self._bound, self._free_from
+        with self._budget_lock:
+            if self._bound:
+                return self._bound, self._free_from
+            trie = self._trie
+            first = slice(trie.depth_start[0], trie.depth_start[1])
+            single = np.zeros(256, dtype=bool)
+            single[trie.node_byte[first][trie.term_count[first] > 0]] = True
+            usable = np.zeros(self._n_classes, dtype=bool)
+            usable[self._byte_class[single]] = True
+            special = list(self._special_cls.values())
+            usable[special] = True  # a step as in the table (EOS ids named too: `advance`)
+            trans = np.asarray(self._plain.transitions)
+            lib = _native.automata()
+            if lib is not None:
+                rep = np.full(self._n_classes, -1, dtype=np.int32)  # a single-token byte per class, -1: a special's
+                singles = np.flatnonzero(single)
+                rep[self._byte_class[singles]] = singles
+                dist = lib.token_bound(trans, usable, rep, self._accepting, trie, NO_COMPLETION)
+            else:
+                dist = _distances(trans, usable, self._accepting)
+            dist = np.append(dist, 0)
+            worst = int(dist.max())
+            self._free_from = NO_COMPLETION if worst == NO_COMPLETION else worst + 1
+            self._bound = dist.tolist()
+            return self._bound, self._free_from
+
+    def _within(self, state: int, n: int) -> bool:
+        """`min_tokens(state) <= n`, from `_bounds` when it tells (the exact table is built only when it does not)."""
+        return (self._bound or self._bounds()[0])[state] <= n or (
+            (self._min_tokens_list or self._budget_tables()[1])[state] <= n)
 
     def _destinations(self, state: int, walk: _Walk) -> np.ndarray:
         """The distinct DFA states that the allowed non-EOS tokens of `state` lead to."""
@@ -1259,6 +1333,30 @@ class TokenIndex:
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
 
+def _distances(trans: np.ndarray, use: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """Per state of `trans`, the fewest transitions on the classes `use` marks that reach an accepting state, or
+    `NO_COMPLETION` (int64): `_bounds` without the C library, a numpy breadth-first search backwards (one round per
+    level: ~16 ms on required_50's 115 levels, where the C bound takes ~0.2 ms)."""
+    n = trans.shape[0]
+    src, col = np.nonzero((trans >= 0) & use[None, :])
+    dst = trans[src, col].astype(np.intp)
+    preds = src[np.argsort(dst, kind="stable")]  # the predecessors of each state, grouped by state
+    ptr = np.zeros(n + 1, dtype=np.intp)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    dist = np.full(n, NO_COMPLETION, dtype=np.int64)
+    frontier = np.flatnonzero(accepting)
+    dist[frontier] = 0
+    level = 0
+    while frontier.shape[0]:
+        level += 1
+        counts = ptr[frontier + 1] - ptr[frontier]
+        at = np.repeat(ptr[frontier] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        found = np.unique(preds[at])
+        frontier = found[dist[found] == NO_COMPLETION]
+        dist[frontier] = level
+    return dist
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Per-sequence cursor
 
@@ -1330,7 +1428,7 @@ class TokenState:
             row = idx._stack_row(base, self._state, self._stack, self._count, self._limit, budget)
             if (budget is None or idx._acc_list[self._state] or idx._row_words(row).any()
                     or not (self._stack or self._overrun
-                            or (idx._min_tokens_list or idx._budget_tables()[1])[self._state] <= budget)):
+                            or idx._within(self._state, budget))):
                 return row
             # The estimate ran out before the value could close: `min_tokens` is the automaton's, whose walk of a
             # token that opens past the window and closes back forgets the spilled kind (a shortcut the cursor, which
@@ -1358,7 +1456,8 @@ class TokenState:
             return idx._row_words(self._stack_row(budget))
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
-        if budget is not None and budget < (idx._horizon or idx._budget_tables()[2])[s]:
+        if (budget is not None and budget < (idx._free_from if idx._bound else idx._bounds()[1])
+                and budget < (idx._horizon or idx._budget_tables()[2])[s]):
             return idx._row_words(idx._budget_row(s, budget))
         row = idx._row_of[s]
         if row < 0:
@@ -1479,7 +1578,7 @@ class TokenState:
 
     def _fits(self, state: int, budget: int) -> bool:
         idx = self._index
-        return (idx._min_tokens_list or idx._budget_tables()[1])[state] <= budget - 1
+        return idx._within(state, budget - 1)
 
     def _over_budget(self, token_id: int, state: int, budget: int) -> None:
         need = (self._index._min_tokens_list or self._index._budget_tables()[1])[state]

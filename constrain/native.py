@@ -1089,6 +1089,73 @@ int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int
     return hopcroft(n, k, trans, block0, n0, block_out);
 }
 
+/* ---- fewest tokens to acceptance (a bound) ---- */
+
+/* bound[s]: an upper bound on the fewest tokens from state s to acceptance, or `none`. Breadth-first backwards
+   over the classes with use[c] != 0 (each taken by one byte that is a token by itself, rep[c] >= 0, or a special
+   symbol, rep[c] = -1) gives every state a shortest path to acceptance, next[s] its next state; then, states in order
+   of that distance, bound[s] = 1 + min bound[s_j] over the prefixes of the path's bytes that are tokens (the trie:
+   root's children `root_lo .. root_hi - 1`), s_j the state after j of them: a token sequence that spells the path.
+   0, or -1 when out of memory. */
+int32_t constrain_token_bound(int32_t n, int32_t k, const int32_t *trans, const uint8_t *use, const int32_t *rep,
+                              const uint8_t *acc, const uint8_t *node_byte, const int32_t *child_start,
+                              const int32_t *child_count, const int32_t *term_count, int32_t root_lo, int32_t root_hi,
+                              int64_t none, int64_t *bound) {
+    int64_t *start = calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t *fill = malloc(((size_t)n + 1) * sizeof(int64_t));
+    int32_t *queue = malloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *next = malloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *via = malloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *pred = NULL, *pcls = NULL;
+    int32_t rc = -1;
+    if (!start || !fill || !queue || !next || !via) goto done;
+    for (int32_t s = 0; s < n; s++)
+        for (int32_t c = 0; c < k; c++)
+            if (use[c] && trans[(int64_t)s * k + c] >= 0) start[trans[(int64_t)s * k + c] + 1]++;
+    for (int32_t s = 0; s < n; s++) start[s + 1] += start[s];
+    pred = malloc(((size_t)start[n] + 1) * sizeof(int32_t));
+    pcls = malloc(((size_t)start[n] + 1) * sizeof(int32_t));
+    if (!pred || !pcls) goto done;
+    memcpy(fill, start, ((size_t)n + 1) * sizeof(int64_t));
+    for (int32_t s = 0; s < n; s++)
+        for (int32_t c = 0; c < k; c++) {
+            int32_t t = use[c] ? trans[(int64_t)s * k + c] : -1;
+            if (t >= 0) { pred[fill[t]] = s; pcls[fill[t]++] = c; }
+        }
+    int64_t head = 0, tail = 0;
+    for (int32_t s = 0; s < n; s++) {
+        bound[s] = acc[s] ? 0 : none;
+        next[s] = -1;
+        if (acc[s]) queue[tail++] = s;
+    }
+    while (head < tail) {  /* bound[] holds byte distances here: `none` marks a state not reached yet */
+        int32_t t = queue[head++];
+        for (int64_t e = start[t]; e < start[t + 1]; e++) {
+            int32_t s = pred[e];
+            if (bound[s] == none) { bound[s] = bound[t] + 1; next[s] = t; via[s] = pcls[e]; queue[tail++] = s; }
+        }
+    }
+    for (int64_t q = 0; q < tail; q++) {  /* in order of distance: every state on a path is done before it */
+        int32_t s = queue[q];
+        if (next[s] < 0) continue;  /* accepting */
+        int64_t best = bound[next[s]] + 1;
+        int32_t lo = root_lo, hi = root_hi, cur = s;
+        while (next[cur] >= 0 && rep[via[cur]] >= 0) {
+            int32_t node = child_by_byte(node_byte, lo, hi, (uint8_t)rep[via[cur]]);
+            if (node < 0) break;
+            cur = next[cur];
+            if (term_count[node] > 0 && bound[cur] + 1 < best) best = bound[cur] + 1;
+            lo = child_start[node];
+            hi = lo + child_count[node];
+        }
+        bound[s] = best;
+    }
+    rc = 0;
+done:
+    free(start); free(fill); free(queue); free(next); free(via); free(pred); free(pcls);
+    return rc;
+}
+
 /* ---- finishing a DFA: trim, minimise, number breadth-first ---- */
 
 /* The minimal DFA of `trans` (n x k, -1 = none) from `start` with `acc`: only states reachable from the start that
@@ -1422,6 +1489,10 @@ class NativeAutomata:
                                          ctypes.c_int64, ctypes.c_int32, ctypes.c_int64, ctypes.c_double, p,
                                          ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
         self._length_product.restype = ctypes.c_void_p
+        self._token_bound = lib.constrain_token_bound
+        self._token_bound.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, p, p, p, p, p, p, ctypes.c_int32,
+                                      ctypes.c_int32, ctypes.c_int64, p]
+        self._token_bound.restype = ctypes.c_int32
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
@@ -1552,6 +1623,24 @@ class NativeAutomata:
             return out, out_acc.astype(bool)
         finally:
             self._det_free(handle)
+
+    def token_bound(self, trans: np.ndarray, use: np.ndarray, rep: np.ndarray, accepting: np.ndarray, trie,
+                    none: int) -> np.ndarray:
+        """Per state of `trans`, an upper bound on the fewest tokens to acceptance along a shortest path over the
+        classes `use` marks (`rep[c]`: a byte of class c that is a token by itself, -1 for a special symbol's class),
+        its bytes split into `trie`'s tokens; `none` where no such path exists (int64 [n])."""
+        trans = np.ascontiguousarray(trans, dtype=np.int32)
+        n, k = trans.shape
+        arrays = [np.ascontiguousarray(use, dtype=np.uint8), np.ascontiguousarray(rep, dtype=np.int32),
+                  np.ascontiguousarray(accepting, dtype=np.uint8), np.ascontiguousarray(trie.node_byte, np.uint8),
+                  *(np.ascontiguousarray(a, dtype=np.int32) for a in (trie.child_start, trie.child_count,
+                                                                      trie.term_count))]
+        out = np.empty(n, np.int64)
+        ds = trie.depth_start
+        if self._token_bound(n, k, trans.ctypes.data, *(a.ctypes.data for a in arrays), int(ds[0]),
+                             int(ds[1]) if len(ds) > 1 else int(ds[0]), int(none), out.ctypes.data):
+            raise MemoryError("the native token bound ran out of memory")
+        return out
 
     def minimise(self, trans: np.ndarray, block0: np.ndarray, n0: int) -> tuple[np.ndarray, int]:
         """Each state's block in the coarsest congruence of the trimmed DFA `trans` that refines `block0` (ids

@@ -121,9 +121,9 @@ class MaskProcessor(LogitsProcessor):
             if int(budget) != budget or budget < 1:
                 raise ValueError(f"budget must be an int >= 1 (max_new_tokens) or None, got {budget!r}")
             for idx in distinct:
-                need = idx.min_tokens_from_start()
-                if need > budget:
-                    raise ValueError(f"budget {budget} is below the {need} tokens the shortest valid output needs")
+                if not idx.completes_within(budget):
+                    raise ValueError(f"budget {budget} is below the {idx.min_tokens_from_start()} tokens the shortest "
+                                     f"valid output needs")
         self._indexes = per_request
         self._n_words = widths.pop()
         self._n_tokens = max(idx.vocab.n_tokens for idx in distinct)

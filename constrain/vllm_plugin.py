@@ -104,8 +104,7 @@ class _RequestState:
         self.max_tokens = max_tokens
         self.output_ids = output_ids  # V1: a live reference to the request's output ids
         # Budgeted masks only when a complete output fits in max_tokens with the EOS counted (see `budget`).
-        self.budgeted = (index is not None and max_tokens is not None
-                         and max_tokens - 1 >= index.min_tokens_from_start())
+        self.budgeted = index is not None and max_tokens is not None and index.completes_within(max_tokens - 1)
         self.failed = index is None
 
     def feed(self, tokens: Any) -> None:
@@ -137,7 +136,7 @@ class ConstrainLogitsProcessor(*_BASES):
     Guarantee: a constrained request's row has every token outside its `TokenState.mask` set to -inf each step
     (padding past the tokenizer included), so its output is a prefix of the policy's language in its `tool_format`,
     and a whole output when it ends on EOS. With `max_tokens` (the EOS counted, as vLLM counts it), masks are
-    budgeted so the output is complete by then, when `max_tokens - 1 >= index.min_tokens_from_start()`; below that the
+    budgeted so the output is complete by then, when `index.completes_within(max_tokens - 1)`; below that the
     masks are unbudgeted and the output is cut with `finish_reason="length"` (no shorter valid output exists).
 
     Interfaces (one class, both loaders of the `vllm.logits_processors` entry-point group accept it):
@@ -347,12 +346,12 @@ class ConstrainLogitsProcessor(*_BASES):
             with deadline.active():
                 index = compile_index(_policy_of(constraint), self._vocabulary(), tool_format=constraint["tool_format"],
                                       deadline=deadline)
-                index.min_tokens_from_start()  # the budget table `_RequestState` reads, under the same deadline
+                # what `_RequestState` reads of the budget tables, under the same deadline
+                return _RequestState(index, getattr(params, "max_tokens", None), output_ids)
         except ConstrainError as err:
             _log.error("constrain: the constraint does not compile for this model's vocabulary (%s at %s); "
                        "the request may only end", err, getattr(err, "pointer", ""))
             return self._failed_request(params, output_ids)
-        return _RequestState(index, getattr(params, "max_tokens", None), output_ids)
 
     def _failed_request(self, params: Any, output_ids: list[int] | None) -> _RequestState:
         return _RequestState(None, None, output_ids)

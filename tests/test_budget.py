@@ -189,6 +189,63 @@ def test_advance_with_budget_agrees_with_mask(dfa, vocab):
                     assert cursor.dfa_state == s and not cursor.is_finished()
 
 
+def test_bound_covers_min_tokens_and_every_horizon(dfa, vocab):
+    # `_bounds` (single-byte steps, no trie walk) never undercuts the exact table, and from its free_from on every
+    # budgeted mask is the unbudgeted row; `completes_within` says what the exact minimum says, at every budget.
+    index = TokenIndex(dfa, vocab)
+    bound, free_from = index._bounds()
+    exact = oracle_min_tokens(dfa, vocab)
+    assert all(b >= e for b, e in zip(bound, exact)) and bound[dfa.n_states] == 0
+    path = fa.shortest_distances(dfa).tolist()  # every byte is a token of this vocabulary
+    assert all(b <= p for b, p in zip(bound, path))
+    assert free_from == max(bound) + 1 > max(index.budget_horizon(s) for s in range(dfa.n_states + 1)) - 1
+    for budget in range(free_from + 2):
+        assert TokenIndex(dfa, vocab).completes_within(budget) == (exact[dfa.start] <= budget)
+    for s in range(dfa.n_states):
+        cursor = TokenState(index, s)
+        assert cursor.mask(free_from) is cursor.mask()
+
+
+def test_without_the_c_library_the_bound_is_the_path_length(dfa, vocab, monkeypatch):
+    from constrain import native
+
+    monkeypatch.setattr(native, "automata", lambda: None)
+    bound, free_from = TokenIndex(dfa, vocab)._bounds()
+    assert bound[: dfa.n_states] == fa.shortest_distances(dfa).tolist() and free_from == max(bound) + 1
+
+
+def test_budgets_past_the_bound_never_build_the_table(dfa, vocab):
+    # Under a budget no state can bind (free_from on), a budgeted walk reads only rows a plain walk reads: the exact
+    # table (one trie walk per state) is never built, and the masks are the unbudgeted ones of a fresh index.
+    index, plain = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
+    free_from = index._bounds()[1]
+    assert index.completes_within(free_from)
+    for seed in range(4):
+        rng = random.Random(seed)
+        cursor, budget = index.start(), free_from + 30
+        for _ in range(30):
+            allowed = cursor.allowed_token_ids(budget).tolist()
+            assert allowed == TokenState(plain, cursor.dfa_state).allowed_token_ids().tolist()
+            content = [t for t in allowed if t not in vocab.eos_ids]
+            if not content or (cursor.is_accepting() and rng.random() < 0.2):
+                break
+            cursor.advance(rng.choice(content), budget=budget)
+            budget -= 1
+    assert index._min_tokens is None
+    index.completes_within(free_from - 1)  # a budget that can bind at once builds it (under the caller's deadline)
+    assert index._min_tokens is not None
+
+
+def test_a_large_automaton_builds_its_table_up_front(vocab):
+    # past LAZY_TABLE_MAX_STATES the table is built by completes_within (under the caller's deadline), not mid-decode
+    from constrain.index import LAZY_TABLE_MAX_STATES
+
+    for length, built in ((LAZY_TABLE_MAX_STATES - 1, False), (LAZY_TABLE_MAX_STATES + 1, True)):
+        index = TokenIndex(fa.compile(fa.literal(b"ab" * (length // 2) + b"a" * (length % 2))), vocab)
+        assert index.completes_within(10**6)
+        assert (index._min_tokens is not None) == built, length
+
+
 def _budgeted_walk(index: TokenIndex, budget: int, rng: random.Random, eos_ids) -> tuple[TokenState, list[int]]:
     """Random tokens from the budgeted masks, stopping at random once accepting; asserts the mask never empties."""
     cursor = index.start()
@@ -404,6 +461,22 @@ def test_real_vocab_min_tokens_on_tool_schemas(request, name, bfcl_dfas):
         if k < 2:  # the independent brute force costs about a second per schema
             assert brute_force_min_tokens(dfa, vocab) == low
         assert allowed_set(index.start(), low - 1) == set()
+
+
+@pytest.mark.parametrize("name", ["qwen3_vocab", "llama3_vocab"])
+def test_real_vocab_bound_is_above_the_exact_table(request, name, bfcl_dfas):
+    vocab = _vocab(request, name)
+    for dfa in bfcl_dfas:
+        index = TokenIndex(dfa, vocab)
+        bound, free_from = index._bounds()
+        assert index._min_tokens is None  # the bound walks no token
+        states = range(len(bound))  # the index's own states (counted strings' markers contracted) and the finished one
+        exact = [index.min_tokens(s) for s in states]
+        assert all(b >= e for b, e in zip(bound, exact))
+        assert free_from > max(index.budget_horizon(s) for s in states) - 1
+        low, high = index.min_tokens_from_start(), bound[index.start().dfa_state]
+        for budget in (low - 1, low, high - 1, high):
+            assert TokenIndex(dfa, vocab).completes_within(budget) == (low <= budget)
 
 
 @pytest.mark.parametrize("name", ["qwen3_vocab", "llama3_vocab"])

@@ -173,6 +173,28 @@ def test_hopcroft_partition_equals_the_exact_moore_refinement(seed):
     assert (fast == exact).all()
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_numpy_distances_to_acceptance_agree_with_a_plain_search(seed):
+    # `index._distances` (the token-budget bound without the C library): fewest steps on the marked classes to an
+    # accepting state
+    rng = np.random.default_rng(500 + seed)
+    n, k = int(rng.integers(1, 150)), int(rng.integers(1, 7))
+    trans = np.where(rng.random((n, k)) < 0.5, rng.integers(0, n, (n, k)), -1).astype(np.int32)
+    accepting = rng.random(n) < 0.1
+    use = rng.random(k) < 0.7
+    expected = []
+    for s in range(n):  # forwards from each state: the oracle shares no code with either pass
+        seen, frontier, level, found = {s}, [s], 0, cindex.NO_COMPLETION
+        while frontier and found == cindex.NO_COMPLETION:
+            if any(accepting[t] for t in frontier):
+                found = level
+            frontier = [d for t in frontier for c in range(k) if use[c] and (d := int(trans[t, c])) >= 0
+                        and d not in seen and not seen.add(d)]
+            level += 1
+        expected.append(found)
+    assert cindex._distances(trans, use, accepting).tolist() == expected
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_native_finish_trims_and_minimises_like_the_numpy_passes(seed):
     """Untrimmed random DFAs (unreachable and dead states): the same minimal automaton, numbered breadth-first."""
