@@ -1400,9 +1400,22 @@ class TokenState:
         """Whether the bytes fed so far form a complete match (always true once finished)."""
         return self._finished or self._index._acc_list[self._state]
 
+    def _binding(self, budget: int | None) -> int | None:
+        """`budget`, or None where it cannot bind a stacked cursor's mask: at or past `_bounds`' free_from plus one
+        token for each container spilled or a token may open, every token's completion fits, so the mask is the
+        unbudgeted one, cached across steps (a stack row keyed by each step's budget re-walked the deep tokens: ~90 us
+        a step on Llama 3 against ~5 us)."""
+        idx = self._index
+        if budget is None or budget - len(self._stack) - idx._most_opened < (
+                idx._free_from if idx._bound else idx._bounds()[1]):
+            return budget
+        return None
+
     def mask_row(self, budget: int | None = None) -> int:
         """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
         idx = self._index
+        if idx._stacked:
+            budget = self._binding(budget)
         if idx._stacked and self._reads_stack(budget):
             return self._stack_row(budget)
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
@@ -1452,6 +1465,8 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
+        if idx._stacked:
+            budget = self._binding(budget)
         if idx._stacked and self._reads_stack(budget):
             return idx._row_words(self._stack_row(budget))
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
@@ -1497,6 +1512,8 @@ class TokenState:
         t = int(token_id)
         if budget is not None and budget < 0:
             raise InternalError(f"budget must be >= 0 tokens, got {budget}")
+        if idx._stacked:
+            budget = self._binding(budget)
         if self._finished:
             if t in idx._eos_set:
                 return

@@ -19,7 +19,7 @@ import pytest
 from constrain import MaskViolation
 from constrain import automaton as fa
 from constrain import index as cindex
-from constrain.index import TokenIndex
+from constrain.index import TokenIndex, TokenState
 from constrain.schema import FREE_FORM_WINDOW, SchemaOptions, _compile_with, compile_schema
 
 SCHEMA = {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -208,6 +208,37 @@ def test_cursor_forks_and_pickles_with_its_stack(llama3_vocab):
         replay.advance(t)
     assert replay.is_accepting()
     np.testing.assert_array_equal(copy.start().mask(), index.start().mask())
+
+
+def test_a_budget_that_cannot_bind_reads_the_unbudgeted_stack_rows(llama3_vocab, monkeypatch):
+    # Past the index's bound plus one token per spilled container and per container a token may open, a stacked
+    # cursor takes its unbudgeted rows (cached across steps) instead of a stack row per budget: the same masks as the
+    # budgeted walk of every deep token, and no min_tokens table is built.
+    vocab = llama3_vocab
+    fast, slow = (TokenIndex(compile_schema(SCHEMA).dfa, vocab) for _ in range(2))
+    opening = [t for t, b in enumerate(vocab.token_bytes) if b in (b"[", b"[[", b'{"', b'":[')]
+    budget = fast._bounds()[1] + fast._most_opened + 40
+    rng = random.Random(5)
+    spilled = 0
+    with monkeypatch.context() as m:
+        for _ in range(6):
+            a, b, left = fast.start(), slow.start(), budget
+            for _ in range(30):
+                m.setattr(TokenState, "_binding", lambda self, budget: budget)  # the walk of every deep token
+                expected = b.mask(left).copy()
+                m.undo()
+                assert np.array_equal(a.mask(left), expected)
+                assert a.mask_row(left) == a.mask_row()
+                allowed = [int(t) for t in a.allowed_token_ids(left) if t not in vocab.eos_ids]
+                if not allowed or left - 1 - len(a._stack) - fast._most_opened < fast._bounds()[1]:
+                    break
+                pool = [t for t in opening if t in set(allowed)]
+                tok = rng.choice(pool) if pool and rng.random() < 0.8 else rng.choice(allowed)
+                a.advance(tok, left)
+                b.advance(tok)
+                spilled += bool(a._stack)
+                left -= 1
+    assert spilled and fast._min_tokens is None
 
 
 def test_budgeted_walks_over_deep_values_end_valid(llama3_vocab):
