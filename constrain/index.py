@@ -301,8 +301,8 @@ class TokenIndex:
     With the C walk, a wide state (string content: most of the trie live, a 0.3-1 ms walk) takes its mask from an
     earlier wide state of the same index, or from the vocabulary's reference masks (`references`), when the two keep
     the same byte strings live up to the longest token, but for strings through a few bytes (the closing quote,
-    typically): those tokens alone are walked (see `native.TrieWalker`; exact, checked against the full walk in
-    tests/test_native.py).
+    typically), or up to some depth (a string's content near its maxLength): those tokens alone are walked (see
+    `native.TrieWalker`; exact, checked against the full walk in tests/test_native.py).
 
     Args:
         dfa: a trimmed `constrain.automaton.Dfa` (every state reachable and co-reachable).

@@ -979,7 +979,7 @@ static int32_t idmap_get_or_add(idmap *m, int64_t key, int32_t fresh) {
    `max_pairs` pairs are reached, -3 when out of memory. */
 int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, int32_t kb, int32_t n_joint,
                              const int32_t *ja, const int32_t *jb, int32_t p, int32_t q, int32_t depth, uint8_t *xj,
-                             int32_t max_pairs, int32_t max_rounds) {
+                             int32_t max_pairs, int32_t max_rounds, int32_t stop_depth, int32_t *agree) {
     int32_t *pa = (int32_t *)malloc((size_t)max_pairs * 4 * sizeof(int32_t));
     if (!pa) return -3;
     int32_t *pb = pa + max_pairs, *pd = pb + max_pairs, *pf = pd + max_pairs;
@@ -989,11 +989,12 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
     for (int32_t round = 0; round <= max_rounds; round++) {
         free(seen.keys); free(seen.vals);
         if (!idmap_init(&seen)) { result = -3; break; }
-        int32_t n = 1, fail = -1;
+        int32_t n = 1, fail = -1, fail_depth = 0;
         pa[0] = p; pb[0] = q; pd[0] = 0; pf[0] = -1;
         for (int32_t head = 0; head < n && fail < 0; head++) {
             const int32_t *ra = ta + (int64_t)pa[head] * ka, *rb = tb + (int64_t)pb[head] * kb;
             int32_t d = pd[head], f = pf[head];
+            fail_depth = d;
             for (int32_t j = 0; j < n_joint; j++) {
                 if (xj[j]) continue;
                 int32_t sa = ra[ja[j]], sb = rb[jb[j]];
@@ -1006,6 +1007,14 @@ int32_t constrain_pair_check(const int32_t *ta, int32_t ka, const int32_t *tb, i
                 pa[n] = sa; pb[n] = sb; pd[n] = d + 1; pf[n] = j;
                 n++;
             }
+        }
+        if (round == 0 && stop_depth > 0 && fail != -3 && fail != -1 && fail_depth >= stop_depth) {
+            /* breadth first, every pair fewer than fail_depth bytes deep was expanded without a disagreement: every
+               string of at most fail_depth bytes has the same liveness from p and from q (-4: the caller walks only
+               the longer tokens) */
+            *agree = fail_depth;
+            result = -4;
+            break;
         }
         if (fail == -2 || fail == -3) { result = fail == -3 ? -3 : -1; break; }
         if (fail < 0) {
@@ -1457,7 +1466,8 @@ class NativeAutomata:
         self._xflags.restype = ctypes.c_int64
         self._pair_check = lib.constrain_pair_check
         self._pair_check.argtypes = [p, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32,
-                                     ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32]
+                                     ctypes.c_int32, ctypes.c_int32, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                     ctypes.POINTER(ctypes.c_int32)]
         self._pair_check.restype = ctypes.c_int32
         self._walk_many = lib.constrain_walk_many
         self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
@@ -1737,6 +1747,9 @@ def sparse_key(mask: np.ndarray) -> bytes:
 
 
 SPARSE_MAX = 64
+# The token lengths `TrieWalker._derive_short` splits a vocabulary at (`_short_flags`: one flag set per trie and
+# length); the first is also where a pair search without X stops (`TrieWalker._DEEP_AGREE`).
+_SHORT_DEPTHS = (12, 16, 24, 32, 48, 64, 96)
 
 
 class TrieWalker:
@@ -1749,7 +1762,10 @@ class TrieWalker:
     (`constrain_pair_check`; X is grown from the disagreements found, e.g. the closing quote of two string fields
     followed by different properties, or a byte only one of them takes): the tokens without a byte of X take p's
     bits, the others are walked from the state (`constrain_walk_delta`), visiting only the trie nodes that lead to
-    them. With X empty, the same acceptance and the same live special tokens the state simply has p's row. Exact by
+    them. With X empty, the same acceptance and the same live special tokens the state simply has p's row. When the
+    search without X first fails d >= `_DEEP_AGREE` bytes deep (a string's content within the longest token of its
+    maxLength: every content byte tells the two apart, but only past d of them), every string of at most d bytes
+    agrees: the tokens that short take p's bits and only the longer ones are walked (`_derive_short`). Exact by
     construction; `tests/test_native.py` compares every state's mask with the full walk's.
     """
 
@@ -1765,6 +1781,10 @@ class TrieWalker:
     # The pair search's bounds: state pairs reached, and classes added to X (one per round).
     _MAX_PAIRS = 4096
     _MAX_ROUNDS = 4
+    # A pair search without X that fails this deep or deeper stops there: the tokens longer than it are walked
+    # (`_derive_short`; a content state of a string within 128 characters of its maxLength, where X would have to
+    # hold every content byte: 4-5 failed searches and a full walk before, ~0.5 ms a state on Llama 3).
+    _DEEP_AGREE = 12  # (the shortest of `_SHORT_DEPTHS`)
     # `masks_many`: room for this many nonzero words per state walked, over its distinct masks together.
     _MANY_WORDS = 256
 
@@ -1968,8 +1988,11 @@ class TrieWalker:
         fits. `candidates`: `_candidates(state)`."""
         own, refs = candidates
         for p, base in own:
-            in_x = self._pair(self._tflat, self._k, self._own_joint, p, state)
+            in_x, agree = self._pair_or_depth(self._tflat, self._k, self._own_joint, p, state, self._DEEP_AGREE)
             if in_x is None:
+                if agree and self._derive_short(state, base, agree):
+                    self._remember(state, self._buffers()[1])
+                    return -1
                 continue
             if not in_x.any() and self._accepting[p] == self._accepting[state] and (
                     not self._n_specials or self._pattern(p) == self._pattern(state)):
@@ -1978,8 +2001,12 @@ class TrieWalker:
                 self._remember(state, self._buffers()[1])  # the states after it likely equal it: no walk at all
                 return -1
         for ref, joint, p, base in refs:
-            in_x = self._pair(ref.tflat, ref.n_classes, joint, p, state)
-            if in_x is not None and self._derive(state, base, in_x):
+            in_x, agree = self._pair_or_depth(ref.tflat, ref.n_classes, joint, p, state, self._DEEP_AGREE)
+            if in_x is None and agree:
+                derived = self._derive_short(state, base, agree)
+            else:
+                derived = in_x is not None and self._derive(state, base, in_x)
+            if derived:
                 self._remember(state, self._buffers()[1])  # this index's own states now derive from it
                 return -1
         return None
@@ -1987,14 +2014,23 @@ class TrieWalker:
     def _pair(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int) -> np.ndarray | None:
         """The byte set X (256 flags) that state p of `tflat` and `state` of this walker's DFA agree outside of
         (`constrain_pair_check`; `joint`: ja, jb, each byte's joint class), or None."""
+        return self._pair_or_depth(tflat, k, joint, p, state, 0)[0]
+
+    def _pair_or_depth(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int,
+                       stop_depth: int) -> tuple[np.ndarray | None, int]:
+        """`(_pair's byte set X, 0)`; or `(None, d)` when the search without X (its first round) fails no shallower
+        than `stop_depth` (> 0): every string of at most d bytes then has the same liveness from both states."""
         ja, jb, of_byte = joint
         xj = np.zeros(ja.shape[0], np.uint8)
+        agree = ctypes.c_int32(0)
         n_x = self._lib._pair_check(tflat.ctypes.data, k, self._tflat.ctypes.data, self._k, ja.shape[0],
                                     ja.ctypes.data, jb.ctypes.data, p, state, self._trie.max_depth, xj.ctypes.data,
-                                    self._MAX_PAIRS, self._MAX_ROUNDS)
+                                    self._MAX_PAIRS, self._MAX_ROUNDS, stop_depth, ctypes.byref(agree))
         if n_x == -3:
             raise MemoryError("the native pair search ran out of memory")
-        return None if n_x < 0 else xj[of_byte]
+        if n_x == -4:
+            return None, int(agree.value)
+        return (None if n_x < 0 else xj[of_byte]), 0
 
     def _derive(self, state: int, base: np.ndarray, in_x: np.ndarray) -> bool:
         """Fill this thread's buffers with `state`'s mask from `base` outside the byte set `in_x` and a walk of the
@@ -2005,6 +2041,20 @@ class TrieWalker:
         flags, nox = x
         _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
         if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, nox.ctypes.data, words_at,
+                                 seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
+            raise MemoryError("the native trie walk ran out of memory")
+        return True
+
+    def _derive_short(self, state: int, base: np.ndarray, agree: int) -> bool:
+        """`_derive` for a state that agrees with `base`'s on every string of at most `agree` bytes: the tokens that
+        short (`_SHORT_DEPTHS`: the longest listed depth within it) take `base`'s bits, the longer ones are walked."""
+        depth = max((d for d in _SHORT_DEPTHS if d <= agree), default=0)
+        x = _short_flags(self._trie, depth, self._n_words) if depth else None
+        if x is None:
+            return False
+        flags, short = x
+        _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
+        if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, short.ctypes.data, words_at,
                                  seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
             raise MemoryError("the native trie walk ran out of memory")
         return True
@@ -2077,6 +2127,37 @@ def _x_flags(lib: "NativeAutomata", trie, in_x: bytes, n_words: int) -> tuple[np
             cache.pop(next(iter(cache)))
         cache[key] = hit
     return hit
+
+
+_SHORT_FLAGS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _short_flags(trie, depth: int, n_words: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """`_x_flags` for the tokens longer than `depth` bytes instead of those through a byte set: X_ON_PATH on the
+    nodes deeper than `depth`, X_BELOW on those and their ancestors, and the bits of the tokens of at most `depth`
+    bytes; None when too many nodes lead to a longer token for a derived mask to pay. Built for every depth of
+    `_SHORT_DEPTHS` at once, once per (trie, width)."""
+    with _lock:
+        cache = _SHORT_FLAGS.get(trie, {}).get(n_words)
+    if cache is None:
+        ds = np.asarray(trie.depth_start, np.int64)
+        node_depth = np.repeat(np.arange(1, len(ds), dtype=np.int32), np.diff(ds))
+        deepest = node_depth.copy()  # the depth of the deepest node in each subtree, filled bottom-up
+        parent = _parents(trie)
+        for d in range(len(ds) - 1, 1, -1):
+            nodes = np.arange(ds[d - 1], ds[d])
+            np.maximum.at(deepest, parent[nodes], deepest[nodes])
+        term_depth = node_depth[trie.term_node]
+        cache = {}
+        for d in _SHORT_DEPTHS:
+            flags = np.where(node_depth > d, 3, np.where(deepest > d, 2, 0)).astype(np.uint8)  # X_ON_PATH | X_BELOW
+            short = np.zeros(n_words * 32, bool)
+            short[trie.term_tokens[term_depth <= d]] = True
+            paying = np.count_nonzero(flags) <= trie.n_nodes // _X_NODES_SHARE
+            cache[d] = (flags, np.packbits(short, bitorder="little").view(np.uint32)) if paying else None
+        with _lock:
+            _SHORT_FLAGS.setdefault(trie, {})[n_words] = cache
+    return cache[depth]
 
 
 _PARENTS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()

@@ -687,6 +687,25 @@ def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_voc
     assert index2._walker.shared > 0
 
 
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "qwen3_vocab", "gemma4_vocab"])
+def test_string_states_near_their_maxlength_walk_only_the_longer_tokens(request, vocab_name, monkeypatch):
+    # Within the longest token of its bound, each content state of a string keeps different strings live (the ones
+    # that pass the bound), so no byte set X hides the difference; the pair search stops at the depth where its
+    # neighbour's first disagrees, and the tokens longer than that are walked. Every mask is the full walk's.
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema({"type": "string", "maxLength": 300}, whitespace="compact").dfa
+    chain = [dfa.step(dfa.start, b'"' + b"a" * i) for i in range(300)]
+    index = TokenIndex(dfa, vocab)
+    w = index._walker
+    short = []
+    derive = w._derive_short
+    monkeypatch.setattr(w, "_derive_short", lambda s, base, agree: short.append(agree) or derive(s, base, agree))
+    _shared_masks_match(index, chain)
+    assert len(short) > 20 and min(short) >= w._DEEP_AGREE
+    in_x, agree = w._pair_or_depth(w._tflat, w._k, w._own_joint, chain[280], chain[281], w._DEEP_AGREE)
+    assert in_x is None and agree == 300 - 281  # the 19 a's after which the later state takes no more
+
+
 @pytest.mark.parametrize("name", sorted(_SHARE_SCHEMAS))
 def test_pairs_whose_first_bytes_differ_in_too_many_classes_never_agree(qwen3_vocab, name):
     """`TrieWalker._candidates` drops a remembered state whose first bytes are live in more than `_MAX_ROUNDS`
