@@ -2035,26 +2035,22 @@ class TrieWalker:
     def _derive(self, state: int, base: np.ndarray, in_x: np.ndarray) -> bool:
         """Fill this thread's buffers with `state`'s mask from `base` outside the byte set `in_x` and a walk of the
         tokens through it; False when too much of the trie leads to such tokens for that to pay."""
-        x = _x_flags(self._lib, self._trie, in_x.tobytes(), self._n_words)
-        if x is None:
-            return False
-        flags, nox = x
-        _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
-        if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, nox.ctypes.data, words_at,
-                                 seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
-            raise MemoryError("the native trie walk ran out of memory")
-        return True
+        return self._from_base(state, base, _x_flags(self._lib, self._trie, in_x.tobytes(), self._n_words))
 
     def _derive_short(self, state: int, base: np.ndarray, agree: int) -> bool:
         """`_derive` for a state that agrees with `base`'s on every string of at most `agree` bytes: the tokens that
         short (`_SHORT_DEPTHS`: the longest listed depth within it) take `base`'s bits, the longer ones are walked."""
         depth = max((d for d in _SHORT_DEPTHS if d <= agree), default=0)
-        x = _short_flags(self._trie, depth, self._n_words) if depth else None
+        return self._from_base(state, base, _short_flags(self._trie, depth, self._n_words) if depth else None)
+
+    def _from_base(self, state: int, base: np.ndarray, x: tuple[np.ndarray, np.ndarray] | None) -> bool:
+        """`constrain_walk_delta` into this thread's buffers: `x` is (the trie's node flags, the bits of the tokens
+        that keep `base`'s); False for no `x` (the walk would not pay)."""
         if x is None:
             return False
-        flags, short = x
+        flags, kept = x
         _, _, _, _, _, _, (_, words_at, seen_at, sparse_at, touched_at, dests_at) = self._buffers()
-        if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, short.ctypes.data, words_at,
+        if self._lib._walk_delta(self._args, state, flags.ctypes.data, base.ctypes.data, kept.ctypes.data, words_at,
                                  seen_at, sparse_at, SPARSE_MAX, touched_at, dests_at) < 0:
             raise MemoryError("the native trie walk ran out of memory")
         return True
