@@ -2595,18 +2595,35 @@ def _resume_gc() -> None:
             gc.enable()
 
 
-def shortest_distances(dfa: Dfa) -> np.ndarray:
-    """For each state, the fewest symbols needed to reach acceptance (int64 [n_states])."""
-    n = dfa.n_states
-    dist = np.full(n, np.iinfo(np.int64).max, np.int64)
-    dist[dfa.accepting] = 0
-    frontier = dfa.accepting.copy()
-    d = 0
-    while frontier.any():
-        d += 1
-        reaches = np.isin(dfa.transitions, np.nonzero(frontier)[0]).any(axis=1)
-        frontier = reaches & (dist == np.iinfo(np.int64).max)
-        dist[frontier] = d
+def shortest_distances(dfa: Dfa, classes: np.ndarray | None = None) -> np.ndarray:
+    """For each state, the fewest symbols needed to reach acceptance, reading only the symbol classes `classes`
+    marks (bool [n_classes]; None: all), or the int64 maximum where none does (int64 [n_states])."""
+    trans = np.asarray(dfa.transitions)
+    return _fewest_steps(trans, np.asarray(dfa.accepting, bool),
+                         np.ones(trans.shape[1], bool) if classes is None else np.asarray(classes, bool))
+
+
+def _fewest_steps(trans: np.ndarray, accepting: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """`shortest_distances` over a table: breadth first backwards from the accepting states, one round per level
+    over the frontier's predecessors only (each transition read once)."""
+    n = trans.shape[0]
+    src, col = np.nonzero((trans >= 0) & use[None, :])
+    dst = trans[src, col].astype(np.intp)
+    preds = src[np.argsort(dst, kind="stable")]  # the predecessors of each state, grouped by state
+    ptr = np.zeros(n + 1, dtype=np.intp)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    none = np.iinfo(np.int64).max
+    dist = np.full(n, none, dtype=np.int64)
+    frontier = np.flatnonzero(accepting)
+    dist[frontier] = 0
+    level = 0
+    while frontier.shape[0]:
+        level += 1
+        counts = ptr[frontier + 1] - ptr[frontier]
+        at = np.repeat(ptr[frontier] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        found = np.unique(preds[at])
+        frontier = found[dist[found] == none]
+        dist[frontier] = level
     return dist
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from constrain import native as _native
 from constrain.automaton import (EFFECT_CLOSE, EFFECT_TICK, MAX_SPILLED, BudgetExceeded, check_deadlines,
-                                 contract_counters, counter_tick_bytes, walk_counted)
+                                 contract_counters, counter_tick_bytes, shortest_distances, walk_counted)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _Trie, _trie_for
 
@@ -601,9 +601,8 @@ class TokenIndex:
         An output that runs until fewer than free_from tokens are left builds it then, once per index (30-500 ms on
         the engine benchmark's workloads).
         """
-        bound, free_from = self._bounds()
-        if budget >= free_from and self._n_states <= LAZY_TABLE_MAX_STATES:
-            return bound[int(self._plain.start)] <= budget
+        if budget >= self._bounds()[1] and self._n_states <= LAZY_TABLE_MAX_STATES:
+            return True  # (free_from is past every state's bound, the start's included)
         return self.min_tokens_from_start() <= budget
 
     def budget_horizon(self, state: int) -> int:
@@ -737,10 +736,7 @@ class TokenIndex:
         """The row of a cursor at `state` with `stack` (and its counter at `count`/`limit`): the row `base` (the
         state's mask under what the stack leaves of the budget) with each deep token's bit replaced by an exact walk."""
         room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
-        # (the horizon is below `_bounds`' free_from: a budget past that is not tight without reading the table)
-        tight = budget is not None and (
-            budget - len(stack) - self._most_opened < self._bounds()[1]
-            and budget - len(stack) - self._most_opened <= self.budget_horizon(state))
+        tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
         # near a full stack, a token may spill past `MAX_SPILLED`: every token with a bracket is walked
         full = len(stack) + self._most_opened >= MAX_SPILLED
         tokens = self._bracketed if tight or full else self._deep
@@ -946,15 +942,15 @@ class TokenIndex:
             usable[self._byte_class[single]] = True
             special = list(self._special_cls.values())
             usable[special] = True  # a step as in the table (EOS ids named too: `advance`)
-            trans = np.asarray(self._plain.transitions)
             lib = _native.automata()
             if lib is not None:
                 rep = np.full(self._n_classes, -1, dtype=np.int32)  # a single-token byte per class, -1: a special's
                 singles = np.flatnonzero(single)
                 rep[self._byte_class[singles]] = singles
-                dist = lib.token_bound(trans, usable, rep, self._accepting, trie, NO_COMPLETION)
-            else:
-                dist = _distances(trans, usable, self._accepting)
+                dist = lib.token_bound(np.asarray(self._plain.transitions), usable, rep, self._accepting, trie,
+                                       NO_COMPLETION)
+            else:  # the path's length (numpy: ~16 ms on required_50's 115 levels, where the C bound takes ~0.2 ms)
+                dist = np.minimum(shortest_distances(self._plain, usable), NO_COMPLETION)
             dist = np.append(dist, 0)
             worst = int(dist.max())
             self._free_from = NO_COMPLETION if worst == NO_COMPLETION else worst + 1
@@ -1331,30 +1327,6 @@ class TokenIndex:
             live = self._tflat[state * self._n_classes + self._special_cls_arr] >= 0
             allowed[self._special_ids_arr[live]] = True
         return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
-
-
-def _distances(trans: np.ndarray, use: np.ndarray, accepting: np.ndarray) -> np.ndarray:
-    """Per state of `trans`, the fewest transitions on the classes `use` marks that reach an accepting state, or
-    `NO_COMPLETION` (int64): `_bounds` without the C library, a numpy breadth-first search backwards (one round per
-    level: ~16 ms on required_50's 115 levels, where the C bound takes ~0.2 ms)."""
-    n = trans.shape[0]
-    src, col = np.nonzero((trans >= 0) & use[None, :])
-    dst = trans[src, col].astype(np.intp)
-    preds = src[np.argsort(dst, kind="stable")]  # the predecessors of each state, grouped by state
-    ptr = np.zeros(n + 1, dtype=np.intp)
-    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-    dist = np.full(n, NO_COMPLETION, dtype=np.int64)
-    frontier = np.flatnonzero(accepting)
-    dist[frontier] = 0
-    level = 0
-    while frontier.shape[0]:
-        level += 1
-        counts = ptr[frontier + 1] - ptr[frontier]
-        at = np.repeat(ptr[frontier] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-        found = np.unique(preds[at])
-        frontier = found[dist[found] == NO_COMPLETION]
-        dist[frontier] = level
-    return dist
 
 
 # --------------------------------------------------------------------------------------------------------------------

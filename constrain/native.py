@@ -1784,7 +1784,7 @@ class TrieWalker:
     # A pair search without X that fails this deep or deeper stops there: the tokens longer than it are walked
     # (`_derive_short`; a content state of a string within 128 characters of its maxLength, where X would have to
     # hold every content byte: 4-5 failed searches and a full walk before, ~0.5 ms a state on Llama 3).
-    _DEEP_AGREE = 12  # (the shortest of `_SHORT_DEPTHS`)
+    _DEEP_AGREE = _SHORT_DEPTHS[0]
     # `masks_many`: room for this many nonzero words per state walked, over its distinct masks together.
     _MANY_WORDS = 256
 
@@ -1988,38 +1988,25 @@ class TrieWalker:
         fits. `candidates`: `_candidates(state)`."""
         own, refs = candidates
         for p, base in own:
-            in_x, agree = self._pair_or_depth(self._tflat, self._k, self._own_joint, p, state, self._DEEP_AGREE)
-            if in_x is None:
-                if agree and self._derive_short(state, base, agree):
-                    self._remember(state, self._buffers()[1])
-                    return -1
-                continue
-            if not in_x.any() and self._accepting[p] == self._accepting[state] and (
+            in_x, agree = self._pair(self._tflat, self._k, self._own_joint, p, state, self._DEEP_AGREE)
+            if in_x is not None and not in_x.any() and self._accepting[p] == self._accepting[state] and (
                     not self._n_specials or self._pattern(p) == self._pattern(state)):
                 return p
-            if self._derive(state, base, in_x):
+            if self._derived(state, base, in_x, agree):
                 self._remember(state, self._buffers()[1])  # the states after it likely equal it: no walk at all
                 return -1
         for ref, joint, p, base in refs:
-            in_x, agree = self._pair_or_depth(ref.tflat, ref.n_classes, joint, p, state, self._DEEP_AGREE)
-            if in_x is None and agree:
-                derived = self._derive_short(state, base, agree)
-            else:
-                derived = in_x is not None and self._derive(state, base, in_x)
-            if derived:
+            if self._derived(state, base, *self._pair(ref.tflat, ref.n_classes, joint, p, state, self._DEEP_AGREE)):
                 self._remember(state, self._buffers()[1])  # this index's own states now derive from it
                 return -1
         return None
 
-    def _pair(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int) -> np.ndarray | None:
-        """The byte set X (256 flags) that state p of `tflat` and `state` of this walker's DFA agree outside of
-        (`constrain_pair_check`; `joint`: ja, jb, each byte's joint class), or None."""
-        return self._pair_or_depth(tflat, k, joint, p, state, 0)[0]
-
-    def _pair_or_depth(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int,
-                       stop_depth: int) -> tuple[np.ndarray | None, int]:
-        """`(_pair's byte set X, 0)`; or `(None, d)` when the search without X (its first round) fails no shallower
-        than `stop_depth` (> 0): every string of at most d bytes then has the same liveness from both states."""
+    def _pair(self, tflat: np.ndarray, k: int, joint: tuple, p: int, state: int,
+              stop_depth: int = 0) -> tuple[np.ndarray | None, int]:
+        """`(X, 0)`: the byte set X (256 flags) that state p of `tflat` and `state` of this walker's DFA agree outside
+        of (`constrain_pair_check`; `joint`: ja, jb, each byte's joint class), X None when there is none; or
+        `(None, d)` when the search without X (its first round) fails d >= `stop_depth` (> 0) bytes deep: every
+        string of at most d bytes then has the same liveness from both states."""
         ja, jb, of_byte = joint
         xj = np.zeros(ja.shape[0], np.uint8)
         agree = ctypes.c_int32(0)
@@ -2031,6 +2018,12 @@ class TrieWalker:
         if n_x == -4:
             return None, int(agree.value)
         return (None if n_x < 0 else xj[of_byte]), 0
+
+    def _derived(self, state: int, base: np.ndarray, in_x: np.ndarray | None, agree: int) -> bool:
+        """`_derive` outside the byte set `in_x`, else `_derive_short` from the depth `agree` (0: neither)."""
+        if in_x is not None:
+            return self._derive(state, base, in_x)
+        return agree > 0 and self._derive_short(state, base, agree)
 
     def _derive(self, state: int, base: np.ndarray, in_x: np.ndarray) -> bool:
         """Fill this thread's buffers with `state`'s mask from `base` outside the byte set `in_x` and a walk of the

@@ -190,7 +190,7 @@ def test_advance_with_budget_agrees_with_mask(dfa, vocab):
 
 
 def test_bound_covers_min_tokens_and_every_horizon(dfa, vocab):
-    # `_bounds` (single-byte steps, no trie walk) never undercuts the exact table, and from its free_from on every
+    # `_bounds` (one completion's tokens, no trie walk) never undercuts the exact table, and from its free_from on every
     # budgeted mask is the unbudgeted row; `completes_within` says what the exact minimum says, at every budget.
     index = TokenIndex(dfa, vocab)
     bound, free_from = index._bounds()

@@ -174,9 +174,9 @@ def test_hopcroft_partition_equals_the_exact_moore_refinement(seed):
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_numpy_distances_to_acceptance_agree_with_a_plain_search(seed):
-    # `index._distances` (the token-budget bound without the C library): fewest steps on the marked classes to an
-    # accepting state
+def test_distances_to_acceptance_agree_with_a_plain_search(seed):
+    # `automaton.shortest_distances` over some classes (the token-budget bound without the C library): fewest steps
+    # on the marked classes to an accepting state
     rng = np.random.default_rng(500 + seed)
     n, k = int(rng.integers(1, 150)), int(rng.integers(1, 7))
     trans = np.where(rng.random((n, k)) < 0.5, rng.integers(0, n, (n, k)), -1).astype(np.int32)
@@ -184,15 +184,16 @@ def test_numpy_distances_to_acceptance_agree_with_a_plain_search(seed):
     use = rng.random(k) < 0.7
     expected = []
     for s in range(n):  # forwards from each state: the oracle shares no code with either pass
-        seen, frontier, level, found = {s}, [s], 0, cindex.NO_COMPLETION
-        while frontier and found == cindex.NO_COMPLETION:
+        none = np.iinfo(np.int64).max
+        seen, frontier, level, found = {s}, [s], 0, none
+        while frontier and found == none:
             if any(accepting[t] for t in frontier):
                 found = level
             frontier = [d for t in frontier for c in range(k) if use[c] and (d := int(trans[t, c])) >= 0
                         and d not in seen and not seen.add(d)]
             level += 1
         expected.append(found)
-    assert cindex._distances(trans, use, accepting).tolist() == expected
+    assert fa._fewest_steps(trans, accepting, use).tolist() == expected
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -662,7 +663,7 @@ def test_pair_check_finds_the_closing_quote_between_two_string_fields(qwen3_voca
     index = TokenIndex(compile_schema(_SHARE_SCHEMAS["fields"], whitespace="compact").dfa, qwen3_vocab)
     w = index._walker
     a, b = _string_states(index)[:2]
-    in_x = w._pair(w._tflat, w._k, w._own_joint, a, b)
+    in_x = w._pair(w._tflat, w._k, w._own_joint, a, b)[0]
     assert bytes(np.flatnonzero(in_x).astype(np.uint8)) == b'"'
 
 
@@ -674,7 +675,7 @@ def test_pair_check_tells_counters_apart_only_within_the_longest_token(qwen3_voc
     chain = [dfa.step(dfa.start, b'"' + b"a" * i) for i in range(400)]  # the content state with 400 - i left
 
     def pair(i: int, j: int):
-        return w._pair(w._tflat, w._k, w._own_joint, chain[i], chain[j])
+        return w._pair(w._tflat, w._k, w._own_joint, chain[i], chain[j])[0]
 
     # 400 and 300 code points left: no string of at most 128 bytes tells them apart
     assert not pair(0, 100).any()
@@ -702,7 +703,7 @@ def test_string_states_near_their_maxlength_walk_only_the_longer_tokens(request,
     monkeypatch.setattr(w, "_derive_short", lambda s, base, agree: short.append(agree) or derive(s, base, agree))
     _shared_masks_match(index, chain)
     assert len(short) > 20 and min(short) >= w._DEEP_AGREE
-    in_x, agree = w._pair_or_depth(w._tflat, w._k, w._own_joint, chain[280], chain[281], w._DEEP_AGREE)
+    in_x, agree = w._pair(w._tflat, w._k, w._own_joint, chain[280], chain[281], w._DEEP_AGREE)
     assert in_x is None and agree == 300 - 281  # the 19 a's after which the later state takes no more
 
 
@@ -721,7 +722,7 @@ def test_pairs_whose_first_bytes_differ_in_too_many_classes_never_agree(qwen3_vo
     for p, q in pairs:
         if (w._live_classes(p) ^ w._live_classes(q)).bit_count() > w._MAX_ROUNDS:
             dropped += 1
-            assert w._pair(w._tflat, w._k, w._own_joint, p, q) is None, (p, q)
+            assert w._pair(w._tflat, w._k, w._own_joint, p, q)[0] is None, (p, q)
     assert dropped > 0
 
 
