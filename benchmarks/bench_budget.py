@@ -48,7 +48,7 @@ def measure(engine: bench_engine.Constrain, w, max_tokens: int, repeats: int) ->
         t1 = time.perf_counter()
         fits = idx.completes_within(max_tokens)
         t2 = time.perf_counter()
-        built = idx._min_tokens is not None  # (a budget under free_from, or over 10k states: built up front)
+        built = idx._min_tokens is not None  # (a budget under free_from: built up front; over 10k states: never)
         exact = idx.min_tokens_from_start()  # the table: all that the bound left undone
         t3 = time.perf_counter()
         ttfm.append(t1 - t0)

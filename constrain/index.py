@@ -86,10 +86,12 @@ _C_STEP_BYTES = 16
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
 
-# The most states an index may have and still leave its `min_tokens` table to the first budget that can bind
+# The most states an index may have and still build its whole `min_tokens` table, on the first budget that can bind
 # (`TokenIndex.completes_within`): a table costs ~50-160 us a state (3,801 states: 190 ms; 3,080 mostly wide ones:
-# 490 ms), so a decode that comes near its budget stalls once for at most ~1.5 s; larger ones build it up front.
-LAZY_TABLE_MAX_STATES = 10_000
+# 490 ms), so a decode that comes near its budget stalls once for at most ~1.5 s. A larger index builds no table: each
+# distance a budget asks of it is searched from the state asked (`TokenIndex._at_most`), where the whole table took
+# 0.7-8.4 s on JSONSchemaBench automata of 10,003-34,469 states (Llama 3), and most of a minute past 100k.
+TABLE_MAX_STATES = 10_000
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -283,7 +285,9 @@ class TokenIndex:
     reaches an accepting state within `B` tokens, and the budgeted mask is never empty before it does. The table of
     `min_tokens` costs one trie walk per state (what `eager=True` does anyway, and then it is built at construction);
     a lazy index builds it on the first `min_tokens` call or the first budget below a bound read off the automaton
-    without a trie walk (`completes_within`: from that bound on no budget binds). A budgeted mask equals the
+    without a trie walk (`completes_within`: from that bound on no budget binds); an index of more than
+    `TABLE_MAX_STATES` states never builds it, and searches each distance a budget asks from the state asked
+    (`_at_most`: exact, the same masks). A budgeted mask equals the
     unbudgeted one, and is the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk,
     cached per (state, level).
 
@@ -546,7 +550,7 @@ class TokenIndex:
         if not 0 <= state < len(row_of):  # also rejects the dead state -1 instead of wrapping around
             raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
         if (budget is not None and budget < (self._free_from if self._bound else self._bounds()[1])
-                and budget < self._budget_tables()[2][state]):
+                and not self._free_at(state, budget)):
             return self._budget_row(state, budget)
         row = row_of[state]
         if row >= 0:
@@ -575,7 +579,7 @@ class TokenIndex:
                 from it (only possible when some byte is not a token).
         """
         self._check_state(state)
-        n = int(self._budget_tables()[0][state])
+        n = self._min_of(state)
         if n == NO_COMPLETION:
             raise InternalError(f"no sequence of this vocabulary's tokens reaches acceptance from DFA state {state}")
         return n
@@ -595,13 +599,17 @@ class TokenIndex:
         engine benchmark's workloads) is answered without a trie walk: no mask under such a budget differs from
         the unbudgeted one, so decoding reads no table until the budget left falls below it, and an output that ends
         before then never builds it. A smaller budget builds the exact table now (one trie walk per state, as
-        `min_tokens_from_start`), which masks under it read anyway; so does an automaton of more than
-        `LAZY_TABLE_MAX_STATES` states, whose table would otherwise stall a decode that runs that far for seconds
-        (a 115k-state policy: most of a minute). Call it under the caller's `Deadline`, which then bounds the table.
-        An output that runs until fewer than free_from tokens are left builds it then, once per index (30-500 ms on
-        the engine benchmark's workloads).
+        `min_tokens_from_start`), which masks under it read anyway. An automaton of more than `TABLE_MAX_STATES`
+        states builds no table: a budget at or past the start's bound fits; a smaller one is searched from the start
+        (`_at_most`). Call it under the caller's `Deadline`, which then bounds the table or the search. An output that
+        runs until fewer than free_from tokens are left builds the table then, once per index (30-500 ms on the
+        engine benchmark's workloads), or searches what its masks ask.
         """
-        if budget >= self._bounds()[1] and self._n_states <= LAZY_TABLE_MAX_STATES:
+        bound, free_from = self._bounds()
+        if self._searched():
+            start = int(self._plain.start)
+            return bound[start] <= budget or self._at_most(start, budget)
+        if budget >= free_from:
             return True  # (free_from is past every state's bound, the start's included)
         return self.min_tokens_from_start() <= budget
 
@@ -616,6 +624,8 @@ class TokenIndex:
             InternalError: `state` is outside `0 ..= dfa.n_states`.
         """
         self._check_state(state)
+        if self._searched():
+            return self._searched_horizon(state)
         return int(self._budget_tables()[2][state])
 
     def token_min_budget(self, state: int) -> np.ndarray:
@@ -653,7 +663,9 @@ class TokenIndex:
         with self._lock:
             rows = (len(self._rows) - len(self._pending)) * self._n_words * 4 + int(self._pending_pairs.nbytes)
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
-            budget = 0 if self._min_tokens is None else 24 * len(self._row_of) + 120 * len(self._budget_rows)
+            budget = (0 if self._min_tokens is None else 24 * len(self._row_of)) + 120 * len(self._budget_rows)
+            if self._hi:  # searched distances: proven bounds, destinations walked
+                budget += 16 * len(self._hi) + self._dests_bytes
         node_cls = self.__dict__.get("_node_cls")  # built only if a numpy walk ran
         per_dfa = (int(self._tflat.nbytes) + 200 * self._n_states + (0 if node_cls is None else int(node_cls.nbytes))
                    + 8 * len(self._row_of))
@@ -736,7 +748,7 @@ class TokenIndex:
         """The row of a cursor at `state` with `stack` (and its counter at `count`/`limit`): the row `base` (the
         state's mask under what the stack leaves of the budget) with each deep token's bit replaced by an exact walk."""
         room = -1 if limit < 0 else min(limit - count, self._deep_longest + 1)  # a token ticks at most once a byte
-        tight = budget is not None and budget - len(stack) - self._most_opened <= self.budget_horizon(state)
+        tight = budget is not None and not self._free_at(state, budget - len(stack) - self._most_opened - 1)
         # near a full stack, a token may spill past `MAX_SPILLED`: every token with a bracket is walked
         full = len(stack) + self._most_opened >= MAX_SPILLED
         tokens = self._bracketed if tight or full else self._deep
@@ -910,6 +922,15 @@ class TokenIndex:
         self._budget_rows: dict[tuple[int, int], int] = {}  # (state, budget) -> row, only for budget < horizon
         self._bound: list[int] = []  # `_bounds`, on first use
         self._free_from = NO_COMPLETION
+        # Searched distances (`_searched`): proven bounds on min_tokens per state (`_lo` <= it <= `_hi`), each
+        # searched state's destinations, and budgets known (not) to bind per state (`_free_known`: the least budget
+        # known free, the largest known not).
+        self._search_lock = threading.RLock()
+        self._lo: list[int] = []
+        self._hi: list[int] = []
+        self._dests_of: dict[int, list[int]] = {}
+        self._dests_bytes = 0  # (their memory, for `nbytes`)
+        self._free_known: dict[int, tuple[int, int]] = {}
         if saved is not None:
             dist, horizon, rows = saved
             self._horizon = list(horizon)
@@ -958,9 +979,153 @@ class TokenIndex:
             return self._bound, self._free_from
 
     def _within(self, state: int, n: int) -> bool:
-        """`min_tokens(state) <= n`, from `_bounds` when it tells (the exact table is built only when it does not)."""
-        return (self._bound or self._bounds()[0])[state] <= n or (
-            (self._min_tokens_list or self._budget_tables()[1])[state] <= n)
+        """`min_tokens(state) <= n`, from `_bounds` when it tells (else from the exact table, built then, or searched)."""
+        if (self._bound or self._bounds()[0])[state] <= n:
+            return True
+        if self._searched():
+            return self._at_most(state, n)
+        return (self._min_tokens_list or self._budget_tables()[1])[state] <= n
+
+    def _min_of(self, state: int) -> int:
+        """`min_tokens(state)` (`NO_COMPLETION` where none), from the table or searched."""
+        if self._searched():
+            return self._searched_min(state)
+        return int(self._budget_tables()[0][state])
+
+    def _free_at(self, state: int, budget: int) -> bool:
+        """Whether `state`'s mask under `budget` is its unbudgeted one: `budget >= budget_horizon(state)`."""
+        if budget >= (self._free_from if self._bound else self._bounds()[1]):
+            return True
+        if not self._searched():
+            return budget >= (self._horizon or self._budget_tables()[2])[state]
+        if budget < 0:
+            return False  # (a horizon is never negative)
+        with self._search_lock:
+            no, yes = self._free_known.get(state, (-1, NO_COMPLETION))
+            if budget >= yes:
+                return True
+            if budget <= no:
+                return False
+            free = all(self._at_most(e, budget - 1) for e in self._dests(state))
+            self._free_known[state] = (no, budget) if free else (budget, yes)
+            return free
+
+    # ---- searched distances (an index of more than TABLE_MAX_STATES states)
+
+    def _searched(self) -> bool:
+        """Whether this index answers budgets by searches from the states asked instead of the whole table: more
+        than `TABLE_MAX_STATES` states, the C walk, and no table built (an eager index or a pickled one has it)."""
+        return self._n_states > TABLE_MAX_STATES and self._walker is not None and self._min_tokens is None
+
+    def _search_bounds(self) -> tuple[list[int], list[int]]:
+        """`(lo, hi)`: `lo[s] <= min_tokens(s) <= hi[s]` as proven so far (the caller holds `_search_lock`)."""
+        if not self._hi:
+            bound = self._bounds()[0]
+            lo = [0 if a else 1 for a in self._acc_list]
+            lo.append(0)  # the finished pseudo-state
+            self._lo, self._hi = lo, list(bound)
+        return self._lo, self._hi
+
+    def _dests(self, state: int) -> list[int]:
+        """The distinct states the non-EOS tokens of `state` lead to (one full C walk, cached; the state's row is
+        made on the way, as the table's walk makes it)."""
+        got = self._dests_of.get(state)
+        if got is None:
+            if state == self._n_states:
+                return []
+            words, key, found, _ = self._walker.mask(state, share=False)  # every destination
+            got = self._dests_of[state] = found.tolist()
+            self._dests_bytes += 8 * len(got) + 100
+            with self._lock:
+                if self._row_of[state] < 0:
+                    self._row_of[state] = self._insert_row(words, key)
+        return got
+
+    def _at_most(self, state: int, k: int) -> bool:
+        """`min_tokens(state) <= k`, searched: breadth first through the states within `k` tokens of `state`, one
+        token a level, each state at the first level it is seen, until one whose proven bound fits the tokens left
+        (`hi[x] <= k - level`; an accepting state's is 0). A state whose proven lower bound exceeds what is left is
+        not expanded. A search that fails has proven `min_tokens(x) > k - level` for every state it saw: a shortest
+        completion of x would have led it, state by state, to an accepting one within k levels. Every fact is
+        kept for later searches, so no state is walked twice (`_dests`), and an interrupted search (a deadline)
+        leaves only true facts behind."""
+        with self._search_lock:
+            lo, hi = self._search_bounds()
+            if hi[state] <= k:
+                return True
+            if lo[state] > k:
+                return False
+            seen = {state: 0}
+            frontier = [state]
+            level = walks = 0
+            while frontier and level < k:
+                level += 1
+                left = k - level
+                after: list[int] = []
+                for x in frontier:
+                    if x not in self._dests_of:
+                        walks += 1
+                        if walks % 16 == 0:
+                            check_deadlines()
+                    for e in self._dests(x):
+                        if e in seen:
+                            continue
+                        seen[e] = level
+                        if hi[e] <= left:
+                            hi[state] = min(hi[state], level + hi[e])
+                            return True
+                        if lo[e] <= left:
+                            after.append(e)
+                frontier = after
+            for x, at in seen.items():
+                if lo[x] <= k - at:
+                    lo[x] = k - at + 1
+            return False
+
+    def _searched_min(self, state: int) -> int:
+        """`min_tokens(state)`, searched: breadth first as `_at_most`, keeping the best completion found, `level +
+        hi[x]` for a state x first seen at `level`, until no level left can beat it (an accepting state on a shortest
+        completion is seen by then), a state being expanded only while `level + lo[x]` still could. Every state x
+        seen at `level` then has `min_tokens(x) >= best - level`, kept for later searches."""
+        with self._search_lock:
+            lo, hi = self._search_bounds()
+            best = hi[state]
+            if lo[state] >= best:
+                return best
+            seen = {state: 0}
+            frontier = [state]
+            level = walks = 0
+            while frontier and level + 1 < best:
+                level += 1
+                after: list[int] = []
+                for x in frontier:
+                    if x not in self._dests_of:
+                        walks += 1
+                        if walks % 16 == 0:
+                            check_deadlines()
+                    for e in self._dests(x):
+                        if e in seen:
+                            continue
+                        seen[e] = level
+                        if hi[e] < NO_COMPLETION and level + hi[e] < best:
+                            best = level + hi[e]
+                        if level + lo[e] < best:
+                            after.append(e)
+                frontier = after
+            hi[state] = lo[state] = best
+            if best < NO_COMPLETION:
+                for x, at in seen.items():
+                    if lo[x] < best - at:
+                        lo[x] = best - at
+            return best
+
+    def _searched_horizon(self, state: int) -> int:
+        """`budget_horizon(state)` from searched distances: 1 + the largest `min_tokens` its tokens lead to."""
+        if state == self._n_states:
+            return 0
+        with self._search_lock:
+            worst = max((self._searched_min(e) for e in self._dests(state)), default=-1)
+        return min(worst + 1, NO_COMPLETION)
 
     def _destinations(self, state: int, walk: _Walk) -> np.ndarray:
         """The distinct DFA states that the allowed non-EOS tokens of `state` lead to."""
@@ -1063,7 +1228,12 @@ class TokenIndex:
 
     def _token_costs(self, state: int) -> np.ndarray:
         """int64 [n_words * 32]: the least budget at which each token is allowed in `state` (see token_min_budget)."""
-        dist = self._budget_tables()[0]
+        if self._searched():
+            dist = np.full(self._n_states + 1, NO_COMPLETION, dtype=np.int64)
+            for e in self._dests(state):
+                dist[e] = self._searched_min(e)
+        else:
+            dist = self._budget_tables()[0]
         cost = np.full(self._n_words * 32, NO_COMPLETION, dtype=np.int64)
         if state == self._n_states:
             cost[self._eos_arr] = 0
@@ -1101,6 +1271,11 @@ class TokenIndex:
         row = self._budget_rows.get(key)
         if row is not None:
             return row
+        if self._searched():
+            mask = self._searched_budget_mask(state, budget)
+            with self._lock:
+                row = self._budget_rows[key] = self._insert_row(mask)
+            return row
         cost = self._token_costs(state)
         allowed = cost <= budget
         mask = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
@@ -1115,6 +1290,30 @@ class TokenIndex:
             for b in range(lo, max(hi, budget + 1)):
                 self._budget_rows[(state, b)] = row
         return row
+
+    def _searched_budget_mask(self, state: int, budget: int) -> np.ndarray:
+        """`state`'s mask under `budget` from searched distances: each token's destination asked `_at_most(budget - 1)`
+        (one walk for the tokens' destinations, searches only where the proven bounds do not tell)."""
+        allowed = np.zeros(self._n_words * 32, dtype=bool)
+        if self._eos and (state == self._n_states or self._accepting[state]):
+            allowed[self._eos_arr] = True  # EOS is free
+        if state == self._n_states:
+            return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        trie = self._trie
+        by_token = np.full(self._n_tokens, -1, dtype=np.int32)
+        self._walker.token_states(state, by_token)
+        live_ids = trie.term_tokens[by_token[trie.term_tokens] >= 0]
+        ends = by_token[live_ids]
+        fits = np.zeros(self._n_states + 1, dtype=bool)
+        for e in np.unique(ends).tolist():
+            fits[e] = self._at_most(e, budget - 1)
+        allowed[live_ids] = fits[ends]
+        if self._special_ids_arr.shape[0]:
+            nxt = self._tflat[state * self._n_classes + self._special_cls_arr]
+            for t, e in zip(self._special_ids_arr.tolist(), nxt.tolist()):
+                if e >= 0 and self._at_most(e, budget - 1):
+                    allowed[t] = True
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
     def _batchable_states(self, states: np.ndarray | None = None) -> np.ndarray:
         """Those of `states` (default: all, ascending) whose first byte leaves at most `_BATCH_MAX_FIRST` depth-1 trie
@@ -1444,7 +1643,7 @@ class TokenState:
         if self._limit >= 0 and self._limit - self._count <= idx._near[self._limit]:
             return idx._row_words(idx._counted_row(s, self._limit - self._count, budget))
         if (budget is not None and budget < (idx._free_from if idx._bound else idx._bounds()[1])
-                and budget < (idx._horizon or idx._budget_tables()[2])[s]):
+                and not idx._free_at(s, budget)):
             return idx._row_words(idx._budget_row(s, budget))
         row = idx._row_of[s]
         if row < 0:
@@ -1570,7 +1769,7 @@ class TokenState:
         return idx._within(state, budget - 1)
 
     def _over_budget(self, token_id: int, state: int, budget: int) -> None:
-        need = (self._index._min_tokens_list or self._index._budget_tables()[1])[state]
+        need = self._index._min_of(state)
         left = "no completion" if need == NO_COMPLETION else f"at least {need} more tokens to go"
         self._violation(token_id, f"it leaves {left} with a budget of {budget} tokens (this one included)")
 

@@ -434,3 +434,12 @@ def stats_of(port: int, api_key: str | None = None) -> dict[str, Any]:
     status, data = http(port, "GET", "/v1/stats", headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
     assert status == 200, data[:300]
     return json.loads(data)
+
+
+# Two tools of 40 string properties, each with its own nested bounded repetition (`^k0x1((a{1,12}){1,12}){1,12}$`:
+# ~0.25 s a property, one tool ~11 s here; ~70k states a tool, within the state budgets): nothing caps the whole
+# compile but the request's compile deadline.
+SLOW_TOOLS = [{"type": "function", "function": {"name": f"slow_{j}", "parameters": {
+    "type": "object", "properties": {f"p{i}": {"type": "string", "pattern": f"^k{j}x{i}((a{{1,12}}){{1,12}}){{1,12}}$"}
+                                     for i in range(40)},
+    "required": [f"p{i}" for i in range(40)]}}} for j in range(2)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import pickle
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from constrain import automaton as fa
+from constrain import index as index_module
 from constrain.errors import InternalError, MaskViolation
 from constrain.index import NO_COMPLETION, TokenIndex, TokenState
 from constrain.schema import compile_schema
@@ -79,6 +81,15 @@ def dfa(request):
     return fa.compile(GRAMMARS[request.param])
 
 
+@pytest.fixture(params=["table", "searched"])
+def searched(request, monkeypatch):
+    """Both ways an index answers budgets: its whole min_tokens table, or searches from the states asked (what an
+    index of more than `TABLE_MAX_STATES` states does; every index here searches under "searched")."""
+    if request.param == "searched":
+        monkeypatch.setattr(index_module, "TABLE_MAX_STATES", -1)
+    return request.param == "searched"
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Oracles, written without the trie: one Python walk per token, then a breadth-first search over DFA states.
 
@@ -129,7 +140,7 @@ def allowed_set(cursor: TokenState, budget: int | None = None) -> set[int]:
 # Exactness on the synthetic vocabulary
 
 
-def test_min_tokens_equals_bfs_over_tokens(dfa, vocab):
+def test_min_tokens_equals_bfs_over_tokens(dfa, vocab, searched):
     index = TokenIndex(dfa, vocab)
     expected = oracle_min_tokens(dfa, vocab)
     assert [index.min_tokens(s) for s in range(dfa.n_states)] == expected
@@ -137,10 +148,11 @@ def test_min_tokens_equals_bfs_over_tokens(dfa, vocab):
     assert index.min_tokens(dfa.n_states) == 0  # the finished pseudo-state
     byte_distance = fa.shortest_distances(dfa)
     assert all(index.min_tokens(s) <= byte_distance[s] for s in range(dfa.n_states))  # every byte is a token
+    assert (index._min_tokens is None) == searched  # searched: every distance found without the table
 
 
-def test_budgeted_masks_equal_oracle(dfa, vocab):
-    index = TokenIndex(dfa, vocab, eager=True)
+def test_budgeted_masks_equal_oracle(dfa, vocab, searched):
+    index = TokenIndex(dfa, vocab, eager=not searched)  # (an eager index builds the table at construction)
     min_tokens = oracle_min_tokens(dfa, vocab)
     for s in range(dfa.n_states):
         cursor = TokenState(index, s)
@@ -172,7 +184,7 @@ def test_budget_none_leaves_masks_unchanged(dfa, vocab):
         assert np.array_equal(budgeted.mask_for_state(s), fresh.mask_for_state(s))
 
 
-def test_advance_with_budget_agrees_with_mask(dfa, vocab):
+def test_advance_with_budget_agrees_with_mask(dfa, vocab, searched):
     index = TokenIndex(dfa, vocab)
     ids = list(range(vocab.vocab_size))
     for s in range(dfa.n_states):
@@ -189,7 +201,7 @@ def test_advance_with_budget_agrees_with_mask(dfa, vocab):
                     assert cursor.dfa_state == s and not cursor.is_finished()
 
 
-def test_bound_covers_min_tokens_and_every_horizon(dfa, vocab):
+def test_bound_covers_min_tokens_and_every_horizon(dfa, vocab, searched):
     # `_bounds` (one completion's tokens, no trie walk) never undercuts the exact table, and from its free_from on every
     # budgeted mask is the unbudgeted row; `completes_within` says what the exact minimum says, at every budget.
     index = TokenIndex(dfa, vocab)
@@ -236,14 +248,54 @@ def test_budgets_past_the_bound_never_build_the_table(dfa, vocab):
     assert index._min_tokens is not None
 
 
-def test_a_large_automaton_builds_its_table_up_front(vocab):
-    # past LAZY_TABLE_MAX_STATES the table is built by completes_within (under the caller's deadline), not mid-decode
-    from constrain.index import LAZY_TABLE_MAX_STATES
+def test_a_large_automaton_searches_its_budgets_instead_of_a_table(vocab):
+    # past TABLE_MAX_STATES no table is built: a budget at or past the start's bound fits without a trie walk, and
+    # near the end of its budget a cursor's masks are searched from the states it meets, equal to the table's
+    from constrain.index import TABLE_MAX_STATES
 
-    for length, built in ((LAZY_TABLE_MAX_STATES - 1, False), (LAZY_TABLE_MAX_STATES + 1, True)):
-        index = TokenIndex(fa.compile(fa.literal(b"ab" * (length // 2) + b"a" * (length % 2))), vocab)
-        assert index.completes_within(10**6)
-        assert (index._min_tokens is not None) == built, length
+    n = TABLE_MAX_STATES + 1
+    tail = b'{"name": "get"}, "x": [1, 2]}'  # several tokens of this vocabulary: budgets bind on the way to it
+    dfa = fa.compile(fa.concat(fa.repeat(fa.union(fa.literal(b"ab"), fa.literal(b"c")), 0, n // 2), fa.literal(tail)))
+    assert dfa.n_states > TABLE_MAX_STATES
+    index = TokenIndex(dfa, vocab)
+    low = index._bounds()[0][dfa.start]
+    assert index.completes_within(low) and index._min_tokens is None and not index._dests_of
+    assert index.completes_within(low - 1) == (index.min_tokens_from_start() <= low - 1)
+    rng = random.Random(0)
+    for _ in range(3):
+        cursor, budget = index.start(), 40
+        while True:
+            allowed = cursor.allowed_token_ids(budget).tolist()
+            expected = oracle_budget_allowed(dfa, vocab, cursor.dfa_state, budget,
+                                             _window_min_tokens(dfa, vocab, cursor.dfa_state, budget))
+            assert set(allowed) == expected, (cursor.dfa_state, budget)
+            content = [t for t in allowed if t not in vocab.eos_ids]
+            if not content or (cursor.is_accepting() and rng.random() < 0.3):
+                break
+            cursor.advance(rng.choice(content), budget=budget)
+            budget -= 1
+    assert index._min_tokens is None and 0 < len(index._dests_of) < 2_000  # only the states near the cursor's way
+
+
+def _window_min_tokens(dfa, vocab, state: int, budget: int) -> dict[int, float]:
+    """`min_tokens` of the states within `budget` tokens of `state`, capped at `budget` (the oracle's BFS, forward
+    from each; what a budgeted mask there reads)."""
+    succ: dict[int, dict[int, int]] = {}
+
+    def successors(s: int) -> dict[int, int]:
+        if s not in succ:
+            succ[s] = oracle_successors(dfa, vocab, s)
+        return succ[s]
+
+    out: dict[int, float] = {}
+    for first in set(successors(state).values()):
+        seen, level, dist = {first}, {first}, 0
+        while level and dist < budget and not any(dfa.accepting[s] for s in level):
+            level = {d for s in level for d in successors(s).values()} - seen
+            seen |= level
+            dist += 1
+        out[first] = dist if level and any(dfa.accepting[s] for s in level) else math.inf
+    return collections.defaultdict(lambda: math.inf, out)
 
 
 def _budgeted_walk(index: TokenIndex, budget: int, rng: random.Random, eos_ids) -> tuple[TokenState, list[int]]:
@@ -266,15 +318,16 @@ def _budgeted_walk(index: TokenIndex, budget: int, rng: random.Random, eos_ids) 
 
 
 @pytest.mark.parametrize("extra", [0, 1, 5, 20])
-def test_budgeted_random_walks_finish_in_budget(dfa, vocab, extra):
+def test_budgeted_random_walks_finish_in_budget(dfa, vocab, extra, searched):
     index = TokenIndex(dfa, vocab)
     budget = index.min_tokens_from_start() + extra
     for seed in range(8):
         cursor, tokens = _budgeted_walk(index, budget, random.Random(seed), vocab.eos_ids)
         assert cursor.is_accepting() and len(tokens) <= budget
+    assert (index._min_tokens is None) == searched
 
 
-def test_below_minimum_nothing_but_eos_is_allowed(dfa, vocab):
+def test_below_minimum_nothing_but_eos_is_allowed(dfa, vocab, searched):
     index = TokenIndex(dfa, vocab)
     low = index.min_tokens_from_start()
     cursor = index.start()
@@ -480,7 +533,7 @@ def test_real_vocab_bound_is_above_the_exact_table(request, name, bfcl_dfas):
 
 
 @pytest.mark.parametrize("name", ["qwen3_vocab", "llama3_vocab"])
-def test_real_vocab_budgeted_walks(request, name, bfcl_dfas):
+def test_real_vocab_budgeted_walks(request, name, bfcl_dfas, searched):
     vocab = _vocab(request, name)
     for dfa in bfcl_dfas[:3]:
         index = TokenIndex(dfa, vocab)

@@ -19,7 +19,7 @@ import weakref
 
 import pytest
 
-from server_utils import (Server, check_message, error_of, free_port, message_of_completion, post_chat,
+from server_utils import (SLOW_TOOLS, Server, check_message, error_of, free_port, message_of_completion, post_chat,
                           require_demo_model, sse_events)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -185,11 +185,6 @@ def test_slow_compilation_is_refused_at_the_compile_budget(live, monkeypatch):
     assert_serves(port)
 
 
-# Ten intersected `.*c.*` patterns: the policy automaton compiles in seconds, the token index's min_tokens table over
-# it takes most of a minute; nothing caps it but the request's compile deadline.
-SLOW_TOOLS = [{"type": "function", "function": {"name": "intersected", "parameters": {
-    "type": "object", "properties": {"v": {"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]}},
-    "required": ["v"]}}}]
 SLOW_BODY = {**BODY, "tools": SLOW_TOOLS}
 STOP_BOUND_S = 2.0  # how long a compile may run on after its deadline or cancel (a generous bound, not a timing)
 
