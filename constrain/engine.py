@@ -319,7 +319,7 @@ class Engine:
             torch.manual_seed(request.seed)
         hook = _Hook(job, len(job.prompt_ids))
         t1 = time.perf_counter()
-        # the request's deadline bounds a token-budget table that a long output builds while decoding (an output
+        # the request's deadline bounds the token-budget searches a long output makes while decoding (an output
         # that comes within the index's bound of its max_tokens: `TokenIndex.completes_within`), as the hook bounds
         # the steps
         try:

@@ -86,12 +86,13 @@ _C_STEP_BYTES = 16
 # some byte is not a token), and `token_min_budget` of a token that no budget allows.
 NO_COMPLETION = 2**31 - 1
 
-# The most states an index may have and still build its whole `min_tokens` table, on the first budget that can bind
-# (`TokenIndex.completes_within`): a table costs ~50-160 us a state (3,801 states: 190 ms; 3,080 mostly wide ones:
-# 490 ms), so a decode that comes near its budget stalls once for at most ~1.5 s. A larger index builds no table: each
-# distance a budget asks of it is searched from the state asked (`TokenIndex._at_most`), where the whole table took
-# 0.7-8.4 s on JSONSchemaBench automata of 10,003-34,469 states (Llama 3), and most of a minute past 100k.
-TABLE_MAX_STATES = 10_000
+# Whether a lazy index with the C walk answers budgets by searching each distance asked from the state asked
+# (`TokenIndex._at_most`) instead of building its whole `min_tokens` table (one trie walk per state) the first time a
+# budget can bind. The table stalled that step: 5-675 ms on the engine benchmark's workloads, 0.7-8.4 s on
+# JSONSchemaBench automata of 10,003-34,469 states (Llama 3), most of a minute past 100k; searched, a budgeted replay
+# from 3 tokens past the bound's free_from to acceptance took 1.3-9.5x less in all and its slowest step 1.1-14x less
+# on every engine workload (Llama 3). False: the table (what an eager index builds, and the numpy walks use).
+SEARCHED_DISTANCES = True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -285,9 +286,9 @@ class TokenIndex:
     reaches an accepting state within `B` tokens, and the budgeted mask is never empty before it does. The table of
     `min_tokens` costs one trie walk per state (what `eager=True` does anyway, and then it is built at construction);
     a lazy index builds it on the first `min_tokens` call or the first budget below a bound read off the automaton
-    without a trie walk (`completes_within`: from that bound on no budget binds); an index of more than
-    `TABLE_MAX_STATES` states never builds it, and searches each distance a budget asks from the state asked
-    (`_at_most`: exact, the same masks). A budgeted mask equals the
+    without a trie walk (`completes_within`: from that bound on no budget binds); with the C walk a lazy index never
+    builds it and searches each distance a budget asks from the state asked instead (`_at_most`: exact, the same
+    masks). A budgeted mask equals the
     unbudgeted one, and is the same cached row, once `B >= budget_horizon(s)`; below that it is one extra trie walk,
     cached per (state, level).
 
@@ -595,15 +596,14 @@ class TokenIndex:
     def completes_within(self, budget: int) -> bool:
         """Whether a valid output fits in `budget` tokens (EOS not counted): `min_tokens_from_start() <= budget`.
 
-        A budget at or past `_bounds`' free_from (1 + the largest bound on a state's fewest tokens; 18-41 on the
-        engine benchmark's workloads) is answered without a trie walk: no mask under such a budget differs from
-        the unbudgeted one, so decoding reads no table until the budget left falls below it, and an output that ends
-        before then never builds it. A smaller budget builds the exact table now (one trie walk per state, as
-        `min_tokens_from_start`), which masks under it read anyway. An automaton of more than `TABLE_MAX_STATES`
-        states builds no table: a budget at or past the start's bound fits; a smaller one is searched from the start
-        (`_at_most`). Call it under the caller's `Deadline`, which then bounds the table or the search. An output that
-        runs until fewer than free_from tokens are left builds the table then, once per index (30-500 ms on the
-        engine benchmark's workloads), or searches what its masks ask.
+        A budget at or past the start's bound (`_bounds`: the tokens of one valid completion, read without a trie
+        walk) fits at once; a smaller one is searched from the start (`_at_most`). Call it under the caller's
+        `Deadline`, which then bounds the search. No mask differs from its unbudgeted one while the budget left is at
+        or past the bound's free_from (1 + the largest bound; 18-41 on the engine benchmark's workloads); below it,
+        masks search the distances they ask (`SEARCHED_DISTANCES`). Without the C walk (or with it switched off) a
+        budget below free_from builds the exact table now (one trie walk per state, as `min_tokens_from_start`),
+        which masks under it read anyway, and an output that runs until fewer than free_from tokens are left builds
+        it then, once per index.
         """
         bound, free_from = self._bounds()
         if self._searched():
@@ -1010,12 +1010,12 @@ class TokenIndex:
             self._free_known[state] = (no, budget) if free else (budget, yes)
             return free
 
-    # ---- searched distances (an index of more than TABLE_MAX_STATES states)
+    # ---- searched distances (`SEARCHED_DISTANCES`)
 
     def _searched(self) -> bool:
-        """Whether this index answers budgets by searches from the states asked instead of the whole table: more
-        than `TABLE_MAX_STATES` states, the C walk, and no table built (an eager index or a pickled one has it)."""
-        return self._n_states > TABLE_MAX_STATES and self._walker is not None and self._min_tokens is None
+        """Whether this index answers budgets by searches from the states asked instead of the whole table: the C
+        walk, and no table built (an eager index or a pickled one has it)."""
+        return SEARCHED_DISTANCES and self._walker is not None and self._min_tokens is None
 
     def _search_bounds(self) -> tuple[list[int], list[int]]:
         """`(lo, hi)`: `lo[s] <= min_tokens(s) <= hi[s]` as proven so far (the caller holds `_search_lock`)."""

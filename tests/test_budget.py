@@ -83,10 +83,9 @@ def dfa(request):
 
 @pytest.fixture(params=["table", "searched"])
 def searched(request, monkeypatch):
-    """Both ways an index answers budgets: its whole min_tokens table, or searches from the states asked (what an
-    index of more than `TABLE_MAX_STATES` states does; every index here searches under "searched")."""
-    if request.param == "searched":
-        monkeypatch.setattr(index_module, "TABLE_MAX_STATES", -1)
+    """Both ways an index answers budgets: its whole min_tokens table (`SEARCHED_DISTANCES` off, as without the C
+    walk), or searches from the states asked (the default)."""
+    monkeypatch.setattr(index_module, "SEARCHED_DISTANCES", request.param == "searched")
     return request.param == "searched"
 
 
@@ -226,7 +225,7 @@ def test_without_the_c_library_the_bound_is_the_path_length(dfa, vocab, monkeypa
     assert bound[: dfa.n_states] == fa.shortest_distances(dfa).tolist() and free_from == max(bound) + 1
 
 
-def test_budgets_past_the_bound_never_build_the_table(dfa, vocab):
+def test_budgets_past_the_bound_never_build_the_table(dfa, vocab, searched):
     # Under a budget no state can bind (free_from on), a budgeted walk reads only rows a plain walk reads: the exact
     # table (one trie walk per state) is never built, and the masks are the unbudgeted ones of a fresh index.
     index, plain = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
@@ -244,19 +243,18 @@ def test_budgets_past_the_bound_never_build_the_table(dfa, vocab):
             cursor.advance(rng.choice(content), budget=budget)
             budget -= 1
     assert index._min_tokens is None
-    index.completes_within(free_from - 1)  # a budget that can bind at once builds it (under the caller's deadline)
-    assert index._min_tokens is not None
+    # a budget that can bind at once: the table is built (under the caller's deadline), or the start searched
+    assert index.completes_within(free_from - 1) == (index.min_tokens_from_start() <= free_from - 1)
+    assert (index._min_tokens is None) == searched
 
 
 def test_a_large_automaton_searches_its_budgets_instead_of_a_table(vocab):
-    # past TABLE_MAX_STATES no table is built: a budget at or past the start's bound fits without a trie walk, and
-    # near the end of its budget a cursor's masks are searched from the states it meets, equal to the table's
-    from constrain.index import TABLE_MAX_STATES
-
-    n = TABLE_MAX_STATES + 1
+    # no table is built for 10k states (it would walk every one): a budget at or past the start's bound fits without a
+    # trie walk, and near the end of its budget a cursor's masks are searched from the states it meets
+    n = 10_001
     tail = b'{"name": "get"}, "x": [1, 2]}'  # several tokens of this vocabulary: budgets bind on the way to it
     dfa = fa.compile(fa.concat(fa.repeat(fa.union(fa.literal(b"ab"), fa.literal(b"c")), 0, n // 2), fa.literal(tail)))
-    assert dfa.n_states > TABLE_MAX_STATES
+    assert dfa.n_states > 10_000
     index = TokenIndex(dfa, vocab)
     low = index._bounds()[0][dfa.start]
     assert index.completes_within(low) and index._min_tokens is None and not index._dests_of

@@ -245,10 +245,10 @@ def test_compile_past_the_compile_budget_is_refused(tmp_path):
 
 
 def test_large_automata_are_served_without_a_minimum_length_table(tmp_path):
-    """Automata past `index.TABLE_MAX_STATES`, whose whole minimum-length table took most of a minute (ten
-    intersected `.*c.*` patterns, ~115k states) and ~28 s (1 to 50,000 letters, 50,002 states) and used to be refused
-    at a 5 s compile budget for it: the index searches the distances its budgets ask instead, so both are served
-    within the budget, every call valid and complete within max_tokens."""
+    """Automata whose whole minimum-length table took most of a minute (ten intersected `.*c.*` patterns, ~115k
+    states) and ~28 s (1 to 50,000 letters, 50,002 states), and which a 5 s compile budget used to refuse for it: the
+    index searches the distances its budgets ask instead, so both are served within the budget, every call valid and
+    complete within max_tokens."""
     schema = one({"allOf": [{"type": "string", "pattern": f".*{c}.*"} for c in "abcdefghij"]})
     body = {"messages": USER, "tools": [tool("intersected_patterns", schema)], "tool_choice": "required",
             "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}}
