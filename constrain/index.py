@@ -1042,60 +1042,34 @@ class TokenIndex:
         return got
 
     def _at_most(self, state: int, k: int) -> bool:
-        """`min_tokens(state) <= k`, searched: breadth first through the states within `k` tokens of `state`, one
-        token a level, each state at the first level it is seen, until one whose proven bound fits the tokens left
-        (`hi[x] <= k - level`; an accepting state's is 0). A state whose proven lower bound exceeds what is left is
-        not expanded. A search that fails has proven `min_tokens(x) > k - level` for every state it saw: a shortest
-        completion of x would have led it, state by state, to an accepting one within k levels. Every fact is
-        kept for later searches, so no state is walked twice (`_dests`), and an interrupted search (a deadline)
-        leaves only true facts behind."""
-        with self._search_lock:
-            lo, hi = self._search_bounds()
-            if hi[state] <= k:
-                return True
-            if lo[state] > k:
-                return False
-            seen = {state: 0}
-            frontier = [state]
-            level = walks = 0
-            while frontier and level < k:
-                level += 1
-                left = k - level
-                after: list[int] = []
-                for x in frontier:
-                    if x not in self._dests_of:
-                        walks += 1
-                        if walks % 16 == 0:
-                            check_deadlines()
-                    for e in self._dests(x):
-                        if e in seen:
-                            continue
-                        seen[e] = level
-                        if hi[e] <= left:
-                            hi[state] = min(hi[state], level + hi[e])
-                            return True
-                        if lo[e] <= left:
-                            after.append(e)
-                frontier = after
-            for x, at in seen.items():
-                if lo[x] <= k - at:
-                    lo[x] = k - at + 1
-            return False
+        """`min_tokens(state) <= k`, searched (`_search`)."""
+        return self._search(state, k) <= k
 
     def _searched_min(self, state: int) -> int:
-        """`min_tokens(state)`, searched: breadth first as `_at_most`, keeping the best completion found, `level +
-        hi[x]` for a state x first seen at `level`, until no level left can beat it (an accepting state on a shortest
-        completion is seen by then), a state being expanded only while `level + lo[x]` still could. Every state x
-        seen at `level` then has `min_tokens(x) >= best - level`, kept for later searches."""
+        """`min_tokens(state)`, searched (`_search`); `NO_COMPLETION` where there is none."""
+        return self._search(state, None)
+
+    def _search(self, state: int, k: int | None) -> int:
+        """The fewest tokens from `state` to acceptance if at most `k` (None: whatever it is), else a larger bound.
+
+        Breadth first, one token a level, each state at the first level it is seen, keeping the best completion
+        found, `level + hi[x]` for a state x seen at `level` (`hi`: proven upper bounds, the C bound to begin with;
+        an accepting state's is 0). It stops once that best is at most `k`, or no further level can beat it or stay
+        within `k`; a state is expanded only while `level + lo[x]` (`lo`: proven lower bounds) still could. A
+        completion of L tokens, L at most `k` and below the best, would have been found (each state along a
+        shortest one is seen by its level), so `m = min(best, k + 1)` is a lower bound on `min_tokens(state)`, and
+        `m - level` on that of every state seen at `level`. Every fact is kept for later searches, so no state is
+        walked twice (`_dests`), and an interrupted search (a deadline) leaves only true facts behind."""
         with self._search_lock:
             lo, hi = self._search_bounds()
             best = hi[state]
-            if lo[state] >= best:
+            limit = NO_COMPLETION if k is None else k
+            if (k is not None and best <= k) or lo[state] >= best or lo[state] > limit:
                 return best
             seen = {state: 0}
             frontier = [state]
             level = walks = 0
-            while frontier and level + 1 < best:
+            while frontier and level + 1 < best and level < limit:
                 level += 1
                 after: list[int] = []
                 for x in frontier:
@@ -1107,16 +1081,17 @@ class TokenIndex:
                         if e in seen:
                             continue
                         seen[e] = level
-                        if hi[e] < NO_COMPLETION and level + hi[e] < best:
-                            best = level + hi[e]
-                        if level + lo[e] < best:
+                        if level + hi[e] < best:
+                            best = hi[state] = level + hi[e]
+                            if best <= limit and k is not None:
+                                return best
+                        if level + lo[e] < best and level + lo[e] <= limit:
                             after.append(e)
                 frontier = after
-            hi[state] = lo[state] = best
-            if best < NO_COMPLETION:
-                for x, at in seen.items():
-                    if lo[x] < best - at:
-                        lo[x] = best - at
+            proven = min(best, limit + 1)
+            for x, at in seen.items():
+                if lo[x] < proven - at:
+                    lo[x] = proven - at
             return best
 
     def _searched_horizon(self, state: int) -> int:
