@@ -88,10 +88,12 @@ NO_COMPLETION = 2**31 - 1
 
 # Whether a lazy index with the C walk answers budgets by searching each distance asked from the state asked
 # (`TokenIndex._at_most`) instead of building its whole `min_tokens` table (one trie walk per state) the first time a
-# budget can bind. The table stalled that step: 5-675 ms on the engine benchmark's workloads, 0.7-8.4 s on
-# JSONSchemaBench automata of 10,003-34,469 states (Llama 3), most of a minute past 100k; searched, a budgeted replay
-# from 3 tokens past the bound's free_from to acceptance took 1.3-9.5x less in all and its slowest step 1.1-14x less
-# on every engine workload (Llama 3). False: the table (what an eager index builds, and the numpy walks use).
+# budget can bind. The table stalled that step: 4.6-877 ms on the engine benchmark's workloads (bench_budget.py),
+# 0.7-8.4 s on JSONSchemaBench automata of 10,003-34,469 states (Llama 3), most of a minute past 100k. Searched, a
+# budgeted walk from 3 tokens past the bound's free_from to acceptance took 1.4-28x less in all and its slowest step
+# 1.2-198x less on 13 of the 16 workload and vocabulary cells (Llama 3, Gemma 4), 1.3x more on the smallest
+# (hermes_1tool, Llama 3: 146 states, a 4.6 ms table). False: the table (what an eager index builds, and the numpy
+# walks use).
 SEARCHED_DISTANCES = True
 
 
@@ -1029,17 +1031,18 @@ class TokenIndex:
     def _dests(self, state: int) -> list[int]:
         """The distinct states the non-EOS tokens of `state` lead to (one full C walk, cached; the state's row is
         made on the way, as the table's walk makes it)."""
-        got = self._dests_of.get(state)
-        if got is None:
-            if state == self._n_states:
-                return []
-            words, key, found, _ = self._walker.mask(state, share=False)  # every destination
-            got = self._dests_of[state] = found.tolist()
-            self._dests_bytes += 8 * len(got) + 100
-            with self._lock:
-                if self._row_of[state] < 0:
-                    self._row_of[state] = self._insert_row(words, key)
-        return got
+        with self._search_lock:
+            got = self._dests_of.get(state)
+            if got is None:
+                if state == self._n_states:
+                    return []
+                words, key, found, _ = self._walker.mask(state, share=False)  # every destination
+                got = self._dests_of[state] = found.tolist()
+                self._dests_bytes += 8 * len(got) + 100
+                with self._lock:
+                    if self._row_of[state] < 0:
+                        self._row_of[state] = self._insert_row(words, key)
+            return got
 
     def _at_most(self, state: int, k: int) -> bool:
         """`min_tokens(state) <= k`, searched (`_search`)."""
@@ -1201,13 +1204,14 @@ class TokenIndex:
                     if self._row_of[s] < 0:
                         self._row_of[s] = self._insert_row(mask)
 
-    def _token_costs(self, state: int) -> np.ndarray:
-        """int64 [n_words * 32]: the least budget at which each token is allowed in `state` (see token_min_budget)."""
-        if self._searched():
+    def _token_costs(self, state: int, dist: np.ndarray | None = None) -> np.ndarray:
+        """int64 [n_words * 32]: the least budget at which each token is allowed in `state` (see token_min_budget),
+        from `dist` (`min_tokens` of the states its tokens lead to; default: the table's, or searched)."""
+        if dist is None and self._searched():
             dist = np.full(self._n_states + 1, NO_COMPLETION, dtype=np.int64)
             for e in self._dests(state):
                 dist[e] = self._searched_min(e)
-        else:
+        elif dist is None:
             dist = self._budget_tables()[0]
         cost = np.full(self._n_words * 32, NO_COMPLETION, dtype=np.int64)
         if state == self._n_states:
@@ -1247,7 +1251,13 @@ class TokenIndex:
         if row is not None:
             return row
         if self._searched():
-            mask = self._searched_budget_mask(state, budget)
+            # each destination that fits in budget - 1 as if it needed none (its tokens cost 1), the others none fits
+            fits = np.full(self._n_states + 1, NO_COMPLETION, dtype=np.int64)
+            for e in self._dests(state):
+                if self._at_most(e, budget - 1):
+                    fits[e] = 0
+            allowed = self._token_costs(state, fits) <= budget
+            mask = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
             with self._lock:
                 row = self._budget_rows[key] = self._insert_row(mask)
             return row
@@ -1265,30 +1275,6 @@ class TokenIndex:
             for b in range(lo, max(hi, budget + 1)):
                 self._budget_rows[(state, b)] = row
         return row
-
-    def _searched_budget_mask(self, state: int, budget: int) -> np.ndarray:
-        """`state`'s mask under `budget` from searched distances: each token's destination asked `_at_most(budget - 1)`
-        (one walk for the tokens' destinations, searches only where the proven bounds do not tell)."""
-        allowed = np.zeros(self._n_words * 32, dtype=bool)
-        if self._eos and (state == self._n_states or self._accepting[state]):
-            allowed[self._eos_arr] = True  # EOS is free
-        if state == self._n_states:
-            return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
-        trie = self._trie
-        by_token = np.full(self._n_tokens, -1, dtype=np.int32)
-        self._walker.token_states(state, by_token)
-        live_ids = trie.term_tokens[by_token[trie.term_tokens] >= 0]
-        ends = by_token[live_ids]
-        fits = np.zeros(self._n_states + 1, dtype=bool)
-        for e in np.unique(ends).tolist():
-            fits[e] = self._at_most(e, budget - 1)
-        allowed[live_ids] = fits[ends]
-        if self._special_ids_arr.shape[0]:
-            nxt = self._tflat[state * self._n_classes + self._special_cls_arr]
-            for t, e in zip(self._special_ids_arr.tolist(), nxt.tolist()):
-                if e >= 0 and self._at_most(e, budget - 1):
-                    allowed[t] = True
-        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
     def _batchable_states(self, states: np.ndarray | None = None) -> np.ndarray:
         """Those of `states` (default: all, ascending) whose first byte leaves at most `_BATCH_MAX_FIRST` depth-1 trie
