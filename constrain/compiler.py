@@ -48,8 +48,8 @@ def compile_json_schema(
         eager: compute every state's mask now (default: on first use).
         cache: where compiled indexes are kept (None: no caching).
         deadline: a `Deadline` bounding (and able to cancel) the whole compile, index build included.
-        **options: `strict`, `whitespace`, `max_depth`, `deepen_recursion`, `max_states`, `timeout_s`, `closed_objects`,
-            `relax` (see `constrain.schema.compile_schema`).
+        **options: `strict`, `whitespace`, `max_depth`, `deepen_recursion`, `shallower`, `max_states`, `timeout_s`,
+            `closed_objects`, `relax` (see `constrain.schema.compile_schema`).
     Returns:
         A shareable `TokenIndex`; `index.start()` gives a per-sequence state.
     Raises:

@@ -183,6 +183,7 @@ class SchemaOptions:
     relax: bool = False  # skip (and record) assertion keywords constrain cannot enforce; never with strict
     closed_objects: bool = False  # an object without `additionalProperties` takes no undeclared properties
     deepen_recursion: bool = True  # recursion cut at max_depth: deeper while the automaton stays small
+    shallower: bool = False  # over the state budget with nesting cut at max_depth: shallower until it fits
 
 
 @dataclass
@@ -194,6 +195,9 @@ class CompiledSchema:
     relaxed: list[tuple[str, str]] = field(default_factory=list)  # (pointer, reason) of skipped assertions
     # the deepest keyword whose automaton holds more than half of `dfa`'s states, else the schema (`largest_part`)
     largest: str = ""
+    # how deep recursive `$ref`s and free-form values nest where either was cut (`max_depth`, or deeper or
+    # shallower: see `compile_schema`), None where neither was
+    depth: int | None = None
 
 
 def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> CompiledSchema:
@@ -212,6 +216,13 @@ def compile_schema(schema: Any, *, pointer: str = "", **options: Any) -> Compile
             `DEEPEN_LEVELS` more) while that fits in 1/`DEEPEN_BUDGET_SHARE` of the budget, keeping the deepest that
             fits (budgets of states, not of time: the same schema always gets the same depth, but where the time
             budget runs out first). False: exactly `max_depth`.
+        shallower: (off by default: `max_depth` is the caller's) when the automaton is over the state budget (or
+            nests too deeply to compile) and it holds recursive `$ref`s or free-form values nested at most
+            `max_depth` levels, compile again with `max_depth` 1, 2, ... below it, within the same time budget,
+            keeping the deepest that fits: fewer levels of recursion and of free-form nesting, never a value the
+            schema rejects (`CompiledSchema.depth` says how many). Not where a `oneOf` subtracts overlapping
+            branches (a branch's nesting cut shallower would leave out of the overlap values the other branch
+            keeps). False, or none fits: the error at `max_depth`.
         max_states: state budget of every intermediate automaton.
         timeout_s: compile-time budget.
         closed_objects: an object that declares `properties` but says nothing of `additionalProperties` takes no
@@ -266,8 +277,14 @@ def _compile_schema(schema: Any, opts: SchemaOptions, pointer: str) -> CompiledS
     from constrain import formats as _formats
 
     schema, ref_errors = _with_document_refs(schema, _formats.draft_of(schema), pointer)
-    compiler, dfa, parts = _compile_variants(schema, opts, pointer, deadline, ref_errors, opts.max_depth)
-    if (opts.deepen_recursion and compiler.cut[0] and not dfa.is_empty
+    depth = opts.max_depth
+    try:
+        compiler, dfa, parts = _compile_variants(schema, opts, pointer, deadline, ref_errors, depth)
+    except fa.BudgetExceeded as err:
+        if not (opts.shallower and getattr(err, "nested", False)):
+            raise
+        compiler, dfa, parts, depth = _shallower(schema, opts, pointer, deadline, ref_errors, err)
+    if (opts.deepen_recursion and depth == opts.max_depth and compiler.cut[0] and not dfa.is_empty
             and dfa.n_states <= opts.max_states // DEEPEN_FROM_SHARE):
         # a recursive `$ref` was cut at max_depth in a small automaton: deeper while it stays small (`DEEPEN_*`)
         small = dataclasses.replace(opts, max_states=max(1, opts.max_states // DEEPEN_BUDGET_SHARE))
@@ -279,6 +296,7 @@ def _compile_schema(schema: Any, opts: SchemaOptions, pointer: str) -> CompiledS
             except (fa.BudgetExceeded, UnsupportedSchema):
                 break
             compiler, dfa, parts = deeper
+            depth += 1
             if not compiler.cut[0]:
                 break  # (nothing cut any more: the recursion ends by itself)
     if dfa.is_empty:
@@ -291,7 +309,37 @@ def _compile_schema(schema: Any, opts: SchemaOptions, pointer: str) -> CompiledS
             f" (recursion and free-form nesting are bounded at max_depth={opts.max_depth}{universe})",
             pointer=pointer,
         )
-    return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)), largest_part(parts, dfa.n_states, pointer))
+    return CompiledSchema(dfa, sorted(set(compiler.ignored)), sorted(set(compiler.relaxed)),
+                          largest_part(parts, dfa.n_states, pointer),
+                          depth if compiler.cut[0] or compiler.free_nesting[0] else None)
+
+
+def _shallower(schema: Any, opts: SchemaOptions, pointer: str, deadline: float, ref_errors: dict[str, Exception],
+               err: fa.BudgetExceeded) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]], int]:
+    """The compile with recursive `$ref`s and free-form values nested fewer than `max_depth` levels, the most that
+    fits the budgets (`compile_schema`'s `shallower`), and that depth; else `err` (the error at max_depth) again.
+
+    Tried from 1 level up, each deeper one only after the one before fits (a deeper unrolling holds every state of
+    a shallower one, and the failed compile at max_depth may have left little of the time budget: a first try at
+    max_depth - 1 that ran out of time would give up where 1 level fits)."""
+    best = None
+    for depth in range(1, opts.max_depth):
+        if time.monotonic() > deadline:
+            break
+        try:
+            compiler, dfa, parts = _compile_variants(schema, dataclasses.replace(opts, max_depth=depth), pointer,
+                                                     deadline, ref_errors, depth)
+        except UnsupportedSchema:  # (BudgetExceeded included)
+            break
+        if compiler.subtracted[0]:
+            break  # a `oneOf` minus its overlaps: shallower branches could accept a value valid in two
+        if not (compiler.cut[0] or compiler.free_nesting[0]):
+            return compiler, dfa, parts, depth  # (nothing cut at this depth: deeper is the same automaton)
+        if not dfa.is_empty:
+            best = (compiler, dfa, parts, depth)
+    if best is None:
+        raise err
+    return best
 
 
 def _compile_variants(schema: Any, opts: SchemaOptions, pointer: str, deadline: float,
@@ -302,6 +350,18 @@ def _compile_variants(schema: Any, opts: SchemaOptions, pointer: str, deadline: 
     the same time budget: free-form values nested at most max_depth (if it made any; also when it is over the state
     budget with them), then without counters either."""
     made: list[_Compiler] = []
+    try:
+        return _compile_each_variant(schema, opts, pointer, deadline, ref_errors, ref_depth, made)
+    except fa.BudgetExceeded as err:
+        # (whether a shallower one may fit: `_shallower`)
+        err.nested = any(c.cut[0] or c.recursive[0] or c.free_nesting[0] for c in made)
+        raise
+
+
+def _compile_each_variant(schema: Any, opts: SchemaOptions, pointer: str, deadline: float,
+                          ref_errors: dict[str, Exception], ref_depth: int,
+                          made: list["_Compiler"]) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
+    """`_compile_variants`, appending each compiler it makes to `made`."""
     for counters, stack in ((True, True), (True, False), (False, False)):
         if stack is False and counters and not (made and made[-1].stacked[0]):
             continue  # (no free-form value was nested on the stack: the same compile again)
@@ -1241,6 +1301,9 @@ class _Compiler:
         self.stack = False
         self.stacked = [False]
         self.cut = [False]  # whether a recursive `$ref` was cut at `ref_limit` (shared by the nested compilers)
+        self.recursive = [False]  # whether a `$ref` was met inside its own expansion (likewise shared)
+        self.free_nesting = [False]  # whether free-form values nest at most max_depth levels somewhere (likewise)
+        self.subtracted = [False]  # whether a `oneOf` subtracts its branches' overlaps (likewise)
         self.loops_checked = [False]  # whether `_in_place_loop` ran (once recursion shows; shared likewise)
         # id(expression) -> the JSON Pointer of the sub-schema or keyword that made it, so that a budget error names
         # the innermost one being compiled (`fa.compile(pointers=)`); `_pointed` keeps those expressions alive, or
@@ -1347,6 +1410,8 @@ class _Compiler:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise InvalidSchema("'$ref' must be a string", pointer=join_pointer(pointer, "$ref"))
+            if ref in refs:
+                self.recursive[0] = True
             if ref in refs and not self.loops_checked[0]:
                 # recursion: once per compile, whether some `$ref` loops back in place (never finishes validating)
                 self.loops_checked[0] = True
@@ -1748,7 +1813,10 @@ class _Compiler:
                 both = fa.compile(fa.intersect(dfas[i], dfas[j]), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
                 if not both.is_empty:
                     overlaps.append(both)
-        return fa.difference(fa.union(*dfas), fa.union(*overlaps)) if overlaps else fa.union(*dfas)
+        if not overlaps:
+            return fa.union(*dfas)
+        self.subtracted[0] = True
+        return fa.difference(fa.union(*dfas), fa.union(*overlaps))
 
     def types(self, schema: dict, pointer: str) -> list[str]:
         t = schema.get("type")
@@ -2074,6 +2142,8 @@ class _Compiler:
         stacked = self.may_stack()  # any depth: the deepest kinds on the cursor's stack
         if stacked:
             self.stacked[0] = True
+        else:
+            self.free_nesting[0] = True
         plain_json = type(syntax) is JsonSyntax and self.key_rank is None
         shared_key = (syntax.whitespace, "any depth" if stacked else depth, self.opts.max_states) if plain_json else None
         if shared_key is not None and shared_key in _ANY_VALUE:

@@ -117,6 +117,44 @@ def test_recursion_cut_in_a_small_automaton_is_unrolled_deeper_while_it_stays_sm
     assert not small_lists.matches(nested(3))
 
 
+def test_over_the_state_budget_recursion_is_unrolled_shallower_until_it_fits():
+    # five recursive members: 46 states at depth 1, 261 at 2, 1,336 at 3
+    tree = {"type": "object", "properties": {k: {"$ref": "#"} for k in "abcde"}, "additionalProperties": False}
+    exact = {d: compile_schema(tree, max_depth=d, deepen_recursion=False) for d in (1, 2, 3)}
+    assert [exact[d].depth for d in (1, 2, 3)] == [1, 2, 3]
+    fitted = compile_schema(tree, max_depth=3, max_states=1000, shallower=True)
+    assert fitted.depth == 2 and fitted.dfa == exact[2].dfa  # the deepest that fits, exactly that language
+    assert fitted.dfa.matches(b'{"a":{"b":{}}}') and not fitted.dfa.matches(b'{"a":{"b":{"c":{}}}}')
+    assert exact[3].dfa.matches(b'{"a":{"b":{"c":{}}}}')  # (what the budget cost)
+    assert compile_schema(tree, max_depth=3, max_states=100, shallower=True).depth == 1
+    with pytest.raises(fa.BudgetExceeded) as err:
+        compile_schema(tree, max_depth=3, max_states=1000)  # (off by default: max_depth is the caller's)
+    assert "state budget of 1000" in str(err.value)
+    with pytest.raises(fa.BudgetExceeded) as err:  # not even one level fits: the error at max_depth
+        compile_schema(tree, max_depth=3, max_states=40, shallower=True)
+    assert "state budget of 40" in str(err.value)
+
+
+def test_a_shallower_compile_is_refused_where_a_oneof_subtracts_its_overlaps():
+    # two open objects: a value with both keys is in both branches, so invalid; with free-form values nested less
+    # deep, branch 2 would no longer hold a deep "lock" value, the overlap would miss it and branch 1 keep it
+    schema = {"type": "object", "properties": {"next": {"$ref": "#"}},
+              "oneOf": [{"properties": {"lock": {"type": "object"}}, "required": ["lock"]},
+                        {"properties": {"error": {"type": "string"}}, "required": ["error"]}]}
+    assert compile_schema(schema, max_depth=2, deepen_recursion=False).dfa.n_states < 20_000  # (it would fit)
+    with pytest.raises(fa.BudgetExceeded) as err:
+        compile_schema(schema, max_depth=3, max_states=20_000, shallower=True)
+    assert "state budget of 20000" in str(err.value)
+
+
+def test_an_over_budget_schema_without_nesting_is_refused_without_a_shallower_try():
+    wide = {"type": "string", "pattern": "^[a-z]{1,60}x[a-z]{1,60}$"}
+    with pytest.raises(fa.BudgetExceeded) as err:
+        compile_schema(wide, max_states=200, shallower=True)
+    assert err.value.nested is False
+    assert compile_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).depth is None
+
+
 def test_recursive_object_without_base_case_keeps_its_optional_exit():
     schema = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
     check(schema, ["{}", '{"c":{}}', '{"c":{"c":{}}}'], ['{"c":{"c":{"c":{}}}}'], deepen_recursion=False)
