@@ -293,18 +293,23 @@ class Engine:
         if compiled is None:  # the client went away while the policy compiled
             job.sink(("done", None))
             return
-        index, need = compiled
+        index, (need, enough) = compiled  # need <= the shortest valid output's tokens <= enough (equal when exact)
         compile_ms = (time.perf_counter() - t0) * 1e3
         cache_hit = DEFAULT_CACHE.hits > hits
         processors = []
         if self.constrained:
             if job.max_new_tokens < need:
                 if job.max_tokens_pointer is None:  # the server's default: raise it to what the output needs
-                    job.max_new_tokens = need
-                else:
+                    job.max_new_tokens = enough
+                elif need == enough:
                     raise RequestError(
                         f"max_tokens is {job.max_new_tokens}, below the {need} tokens the shortest valid reply under "
                         f"this request's tool policy needs; set max_tokens to at least {need}",
+                        pointer=job.max_tokens_pointer, code="invalid_value")
+                else:  # (the exact minimum is a long search on this automaton: its proven bounds)
+                    raise RequestError(
+                        f"max_tokens is {job.max_new_tokens}, below the {need} to {enough} tokens the shortest valid "
+                        f"reply under this request's tool policy needs; set max_tokens to at least {enough}",
                         pointer=job.max_tokens_pointer, code="invalid_value")
             from constrain.processor import MaskProcessor
 
@@ -356,9 +361,10 @@ class Engine:
                            "completion_tokens": len(ids), "reasoning_tokens": self._reasoning_tokens(job, ids),
                            "seconds": seconds}))
 
-    def _compile(self, job: Job) -> tuple[Any, int] | None:
-        """The job's token index and the fewest tokens a valid reply needs when that is more than the job's
-        `max_new_tokens` (else 0; 0 unconstrained), or None when the job was cancelled meanwhile.
+    def _compile(self, job: Job) -> tuple[Any, tuple[int, int]] | None:
+        """The job's token index and, when a valid reply needs more than the job's `max_new_tokens`, the fewest
+        tokens it needs as `(lo, hi)` (equal when exact: `TokenIndex.min_tokens_range_from_start`; else (0, 0), and
+        unconstrained), or None when the job was cancelled meanwhile.
 
         Compilation runs on its own thread under one `Deadline` (the compile budget or the request's deadline,
         whichever comes first) that covers every schema, the policy automaton and the index's `min_tokens` table.
@@ -386,7 +392,7 @@ class Engine:
                                           deadline=deadline)
                     box["index"] = index
                     fits = not self.constrained or index.completes_within(job.max_new_tokens)
-                    box["result"] = (index, 0 if fits else index.min_tokens_from_start())
+                    box["result"] = (index, (0, 0) if fits else index.min_tokens_range_from_start())
             except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job
                 box["error"] = err
             finally:

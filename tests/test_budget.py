@@ -275,6 +275,23 @@ def test_a_large_automaton_searches_its_budgets_instead_of_a_table(vocab):
     assert index._min_tokens is None and 0 < len(index._dests_of) < 2_000  # only the states near the cursor's way
 
 
+def test_the_shortest_output_is_bounded_when_its_exact_search_runs_long(vocab):
+    # at least 5,000 "ab"/"c" repeats (~2,500+ tokens at best): the exact minimum is a search through thousands of
+    # states; given no time, the bounds proven so far, which a later exact search confirms
+    dfa = fa.compile(fa.concat(fa.repeat(fa.union(fa.literal(b"ab"), fa.literal(b"c")), 5_000, 5_010), fa.literal(b"!")))
+    index = TokenIndex(dfa, vocab)
+    assert not index.completes_within(100)
+    lo, hi = index.min_tokens_range_from_start(within_s=0.0)
+    assert 100 < lo < hi  # not searched to the end (a bound loose at this size)
+    exact = index.min_tokens_from_start()
+    assert lo <= exact <= hi
+    assert index.min_tokens_range_from_start() == (exact, exact)  # known now
+    fresh = TokenIndex(dfa, vocab)
+    outer = fa.Deadline(0.0)
+    with pytest.raises(fa.BudgetExceeded), outer.active():  # the caller's own deadline still stops it
+        fresh.min_tokens_range_from_start(within_s=10.0)
+
+
 def _window_min_tokens(dfa, vocab, state: int, budget: int) -> dict[int, float]:
     """`min_tokens` of the states within `budget` tokens of `state`, capped at `budget` (the oracle's BFS, forward
     from each; what a budgeted mask there reads)."""
