@@ -301,15 +301,11 @@ class Engine:
             if job.max_new_tokens < need:
                 if job.max_tokens_pointer is None:  # the server's default: raise it to what the output needs
                     job.max_new_tokens = enough
-                elif need == enough:
+                else:  # (need < enough: the exact minimum is a long search on this automaton, its proven bounds)
+                    tokens = f"{need}" if need == enough else f"{need} to {enough}"
                     raise RequestError(
-                        f"max_tokens is {job.max_new_tokens}, below the {need} tokens the shortest valid reply under "
-                        f"this request's tool policy needs; set max_tokens to at least {need}",
-                        pointer=job.max_tokens_pointer, code="invalid_value")
-                else:  # (the exact minimum is a long search on this automaton: its proven bounds)
-                    raise RequestError(
-                        f"max_tokens is {job.max_new_tokens}, below the {need} to {enough} tokens the shortest valid "
-                        f"reply under this request's tool policy needs; set max_tokens to at least {enough}",
+                        f"max_tokens is {job.max_new_tokens}, below the {tokens} tokens the shortest valid reply under "
+                        f"this request's tool policy needs; set max_tokens to at least {enough}",
                         pointer=job.max_tokens_pointer, code="invalid_value")
             from constrain.processor import MaskProcessor
 

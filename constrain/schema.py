@@ -195,8 +195,8 @@ class CompiledSchema:
     relaxed: list[tuple[str, str]] = field(default_factory=list)  # (pointer, reason) of skipped assertions
     # the deepest keyword whose automaton holds more than half of `dfa`'s states, else the schema (`largest_part`)
     largest: str = ""
-    # how deep recursive `$ref`s and free-form values nest where either was cut (`max_depth`, or deeper or
-    # shallower: see `compile_schema`), None where neither was
+    # how deep recursive `$ref`s and free-form values nest where either was cut: `max_depth`, shallower
+    # (`shallower`: both) or deeper (`deepen_recursion`: the `$ref`s only; see `compile_schema`), None where neither was
     depth: int | None = None
 
 
@@ -350,18 +350,6 @@ def _compile_variants(schema: Any, opts: SchemaOptions, pointer: str, deadline: 
     the same time budget: free-form values nested at most max_depth (if it made any; also when it is over the state
     budget with them), then without counters either."""
     made: list[_Compiler] = []
-    try:
-        return _compile_each_variant(schema, opts, pointer, deadline, ref_errors, ref_depth, made)
-    except fa.BudgetExceeded as err:
-        # (whether a shallower one may fit: `_shallower`)
-        err.nested = any(c.cut[0] or c.recursive[0] or c.free_nesting[0] for c in made)
-        raise
-
-
-def _compile_each_variant(schema: Any, opts: SchemaOptions, pointer: str, deadline: float,
-                          ref_errors: dict[str, Exception], ref_depth: int,
-                          made: list["_Compiler"]) -> tuple["_Compiler", fa.Dfa, list[tuple[int, str]]]:
-    """`_compile_variants`, appending each compiler it makes to `made`."""
     for counters, stack in ((True, True), (True, False), (False, False)):
         if stack is False and counters and not (made and made[-1].stacked[0]):
             continue  # (no free-form value was nested on the stack: the same compile again)
@@ -370,11 +358,13 @@ def _compile_each_variant(schema: Any, opts: SchemaOptions, pointer: str, deadli
                                                  made=made, ref_errors=ref_errors, ref_depth=ref_depth)
         except fa.CountedProduct:
             continue
-        except fa.BudgetExceeded:
+        except fa.BudgetExceeded as err:
             # over the state budget with deep values, try without (the stack adds a few hundred states: Github_hard
             # o82151 peaks at 26,493 states with it, 25,949 without)
             if stack and made[-1].stacked[0] and time.monotonic() < deadline:
                 continue
+            # (whether a shallower compile may fit: `_shallower`)
+            err.nested = any(c.cut[0] or c.recursive[0] or c.free_nesting[0] for c in made)
             raise
         if counters and fa.has_counters(dfa):
             try:
@@ -1410,16 +1400,17 @@ class _Compiler:
             ref = schema["$ref"]
             if not isinstance(ref, str):
                 raise InvalidSchema("'$ref' must be a string", pointer=join_pointer(pointer, "$ref"))
-            if ref in refs:
+            if ref in refs:  # recursion
                 self.recursive[0] = True
-            if ref in refs and not self.loops_checked[0]:
-                # recursion: once per compile, whether some `$ref` loops back in place (never finishes validating)
-                self.loops_checked[0] = True
-                loop = _in_place_loop(self.root, self.draft)
-                if loop is not None:
-                    raise InvalidSchema("'$ref' leads back to itself through in-place keywords ($ref, allOf, anyOf,"
-                                        " oneOf, not, if/then/else, dependentSchemas) without descending into the"
-                                        " value: an infinite loop, undefined in JSON Schema", pointer=self.base + loop)
+                if not self.loops_checked[0]:
+                    # once per compile, whether some `$ref` loops back in place (never finishes validating)
+                    self.loops_checked[0] = True
+                    loop = _in_place_loop(self.root, self.draft)
+                    if loop is not None:
+                        raise InvalidSchema("'$ref' leads back to itself through in-place keywords ($ref, allOf,"
+                                            " anyOf, oneOf, not, if/then/else, dependentSchemas) without descending"
+                                            " into the value: an infinite loop, undefined in JSON Schema",
+                                            pointer=self.base + loop)
             since_not = refs[len(refs) - refs[::-1].index(NOT_MARK):] if NOT_MARK in refs else refs
             if since_not.count(ref) >= self.ref_limit:
                 self.cut[0] = True
