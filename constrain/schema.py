@@ -107,14 +107,15 @@ def char_length_range(dfa: fa.Dfa) -> tuple[int, int | None]:
     """
     if dfa.is_empty:
         return 0, 0
-    n, k = dfa.n_states, dfa.n_classes
-    weight = np.ones(k, np.int64)
-    cont = np.zeros(k, bool)
-    for cls in range(k):
-        members = np.nonzero(dfa.class_of[: fa.N_BYTES] == cls)[0]
-        cont[cls] = len(members) > 0 and bool(((members >= 0x80) & (members <= 0xBF)).all())
-    weight[cont] = 0
-    rows = dfa.rows()
+    trans = np.asarray(dfa.transitions)
+    n, k = trans.shape
+    byte_cls = np.asarray(dfa.class_of[: fa.N_BYTES])
+    continuation = (np.arange(fa.N_BYTES) >= 0x80) & (np.arange(fa.N_BYTES) <= 0xBF)
+    cont = (np.bincount(byte_cls, minlength=k) > 0) & (np.bincount(byte_cls[~continuation], minlength=k) == 0)
+    # the live transitions only, state by state: (target, weight) pairs, each edge read once below
+    src, cls = np.nonzero(trans >= 0)
+    dst, weight = trans[src, cls].tolist(), (~cont[cls]).astype(np.int64).tolist()
+    ptr = np.searchsorted(src, np.arange(n + 1)).tolist()
     # fewest: 0/1-weighted shortest path (deque BFS) from start to any accepting state
     inf = 1 << 60
     dist = [inf] * n
@@ -122,26 +123,25 @@ def char_length_range(dfa: fa.Dfa) -> tuple[int, int | None]:
     queue = collections.deque([dfa.start])
     while queue:
         s = queue.popleft()
-        for cls, t in enumerate(rows[s]):
-            if t >= 0 and dist[s] + weight[cls] < dist[t]:
-                dist[t] = dist[s] + int(weight[cls])
-                (queue.appendleft if weight[cls] == 0 else queue.append)(t)
-    shortest = min(dist[s] for s in range(n) if dfa.accepting[s])
+        d = dist[s]
+        for e in range(ptr[s], ptr[s + 1]):
+            t, w = dst[e], weight[e]
+            if d + w < dist[t]:
+                dist[t] = d + w
+                (queue.append if w else queue.appendleft)(t)
+    accepting = np.flatnonzero(dfa.accepting).tolist()
+    shortest = min(dist[s] for s in accepting)
     # most: longest path in the DAG (None on any cycle: every state is live, so a cycle is reachable and co-reachable)
-    indegree = [0] * n
-    for s in range(n):
-        for t in rows[s]:
-            if t >= 0:
-                indegree[t] += 1
+    indegree = np.bincount(np.asarray(dst, np.int64), minlength=n).tolist()
     order, ready = [], [s for s in range(n) if indegree[s] == 0]
     while ready:
         s = ready.pop()
         order.append(s)
-        for t in rows[s]:
-            if t >= 0:
-                indegree[t] -= 1
-                if indegree[t] == 0:
-                    ready.append(t)
+        for e in range(ptr[s], ptr[s + 1]):
+            t = dst[e]
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                ready.append(t)
     if len(order) < n:
         return shortest, None
     longest = [-inf] * n
@@ -149,10 +149,10 @@ def char_length_range(dfa: fa.Dfa) -> tuple[int, int | None]:
     for s in order:
         if longest[s] < 0:
             continue
-        for cls, t in enumerate(rows[s]):
-            if t >= 0:
-                longest[t] = max(longest[t], longest[s] + int(weight[cls]))
-    return shortest, max(longest[s] for s in range(n) if dfa.accepting[s])
+        for e in range(ptr[s], ptr[s + 1]):
+            t = dst[e]
+            longest[t] = max(longest[t], longest[s] + weight[e])
+    return shortest, max(longest[s] for s in accepting)
 
 
 _ANY_STRING: dict[tuple[str, str, int], fa.Dfa] = {}

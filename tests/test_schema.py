@@ -736,6 +736,24 @@ def test_length_bounds_equal_the_plain_counter_product(source):
         assert fa.compile(fa.difference(plain, mine)).is_empty, (lo, hi)
 
 
+@pytest.mark.parametrize("source, expected", [
+    ("^[a-c]{2,5}$", (2, 5)), ("^é+$", (1, None)), ("^(ab|ü{3})$", (2, 3)), ("^[α-ω]{1,3}x?$", (1, 4)),
+    ("^(a|bb)(c|€€€€)$", (2, 6)), ("^$", (0, 0)), ("format:uuid", (36, 36)), ("format:ipv4", (7, 15)),
+    ("format:date", (10, 10)), ("format:hostname", (1, 63)), ("format:email", (3, None)),
+])
+def test_char_length_range_counts_code_points(source, expected):
+    from constrain import formats, regex
+    from constrain.schema import char_length_range
+
+    expr = formats.format_expr(source[7:]) if source.startswith("format:") else regex.pattern_expr(source)
+    dfa = fa.compile(expr)
+    assert char_length_range(dfa) == expected
+    if expected[1] is not None and expected[1] <= 6:  # small languages: against every accepted text
+        texts = fa.accepted_strings(dfa, limit=100_000, max_len=4 * expected[1])
+        lengths = [len(t.decode("utf-8")) for t in texts]
+        assert (min(lengths), max(lengths)) == expected
+
+
 def test_length_bounds_on_an_empty_pattern_language():
     schema = {"type": "string", "allOf": [{"pattern": "^a+$"}, {"pattern": "^b+$"}], "minLength": 2}
     assert not accepts({"anyOf": [schema, {"type": "null"}]}, '"aa"')
