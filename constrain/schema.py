@@ -561,12 +561,14 @@ def _plain_refs(root: Any) -> bool:
         node, schemas = pop()
         if isinstance(node, list):
             for v in node:
-                push((v, False))
+                if isinstance(v, (dict, list)):
+                    push((v, False))
         elif not isinstance(node, dict):
             continue
         elif schemas:
             for v in node.values():
-                push((v, False))
+                if isinstance(v, (dict, list)):
+                    push((v, False))
         else:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
@@ -574,7 +576,7 @@ def _plain_refs(root: Any) -> bool:
             if node is not root and (isinstance(node.get("$id"), str) or isinstance(node.get("id"), str)):
                 return False
             for k, v in node.items():
-                if k not in _DATA_KEYWORDS:
+                if k not in _DATA_KEYWORDS and isinstance(v, (dict, list)):  # (a scalar holds neither)
                     push((v, k in _SCHEMA_MAPS))
     return True
 
@@ -1306,11 +1308,13 @@ class _Compiler:
         stack = [(root, pointer)]
         while stack:
             node, where = stack.pop()
+            # (scalars are not pushed: only a subschema's pointer is kept)
             if isinstance(node, dict):
                 self._where.setdefault(id(node), where)
-                stack += [(v, join_pointer(where, k)) for k, v in node.items() if k not in ("enum", "const", "default", "examples")]
+                stack += [(v, join_pointer(where, k)) for k, v in node.items()
+                          if isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples")]
             elif isinstance(node, list):
-                stack += [(v, join_pointer(where, i)) for i, v in enumerate(node)]
+                stack += [(v, join_pointer(where, i)) for i, v in enumerate(node) if isinstance(v, (dict, list))]
 
     def unsupported(self, message: str, pointer: str) -> None:
         """An assertion keyword constrain cannot enforce: an error, or recorded and skipped under `relax`."""
