@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = Engine.load(args.model, tool_format=args.tool_format, constrained=args.constrained_tools,
                          max_queue=args.max_queue, timeout=args.timeout, threads=args.threads,
-                         compile_timeout=args.compile_timeout)
+                         compile_timeout=args.compile_timeout, shallower=args.shallower_schemas)
     log.info("model %s%s loaded in %.1f s: tool format %s, %s tools, queue %d, timeout %g s",
              engine.name, " (DEMO: tiny random weights, output is noise)" if engine.demo else "",
              time.perf_counter() - t0, engine.native_format or "none (text only)",
@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--timeout", type=float, default=120.0, help="seconds per request (more: 504)")
     serve.add_argument("--max-body-bytes", type=int, default=None,
                        help="largest request body taken (default 8 MiB; more: 413)")
+    serve.add_argument("--shallower-schemas", action="store_true",
+                       help="a tool schema over the state budget with recursion or free-form nesting is compiled with "
+                            "fewer levels of it (logged) instead of refused")
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a request's tool policy may take to compile (more: 400 budget_exceeded)")
     serve.add_argument("--cache-max-bytes", type=int, default=None,

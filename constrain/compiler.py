@@ -152,5 +152,6 @@ def compile_index(
             "relaxed": grammar.relaxed if grammar else (),
             "ignored_keywords": grammar.ignored if grammar else (),
             "largest_part": grammar.largest if grammar else "",  # named when the index runs out of time
+            "shallower": grammar.shallower if grammar else (),  # (pointer, depth) of schemas nested less deeply
         }
     return index

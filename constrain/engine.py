@@ -6,6 +6,7 @@ policy (cached) and generates with `MaskProcessor` (or freely, for validation af
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -13,6 +14,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +22,7 @@ from typing import Any, Callable
 from constrain.errors import RequestError
 from constrain.policy import Policy
 from constrain.protocol import ChatRequest
+from constrain.schema import DEFAULT_MAX_DEPTH
 
 __all__ = ["Engine", "Job", "QueueFull", "RequestTimeout"]
 
@@ -79,6 +82,9 @@ class Engine:
         timeout: seconds a request may take from submission to its last token (→ `RequestTimeout`).
         compile_timeout: seconds a request's constraints may take to compile (→ `budget_exceeded` 400).
         demo: the directory is the embedded demo model (labelled so in `/v1/models` and the log).
+        shallower: compile every request's policy with `Policy.shallower` (a schema over the state budget with
+            recursion or free-form nesting gets fewer levels of it instead of a `budget_exceeded` 400; each such
+            schema is logged with its depth).
         threads: torch's intra-op threads (None: 1 for the demo model, whose steps are too small to split, else
             torch's default).
     Raises:
@@ -87,7 +93,7 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, *, tool_format: str = "auto", constrained: bool = False,
                  max_queue: int = 16, timeout: float = 120.0, demo: bool = False, threads: int | None = None,
-                 compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S):
+                 compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S, shallower: bool = False):
         import torch
         import transformers
 
@@ -103,7 +109,9 @@ class Engine:
         self.constrained = constrained
         self.timeout = float(timeout)
         self.compile_timeout = float(compile_timeout)
+        self.shallower = bool(shallower)
         self._lock = threading.Lock()
+        self._shallow_seen: weakref.WeakSet = weakref.WeakSet()  # the indexes whose shallower schemas were logged
         self._compiling = 0
         self._compiles_timed_out = 0
         self._compiles_cancelled = 0
@@ -154,6 +162,13 @@ class Engine:
             return cls(ensure_demo_model(), demo=True, **options)
         return cls(model_dir, **options)
 
+    def _first_use(self, index: Any) -> bool:
+        """True the first time `index` (a compiled policy, cached and shared by requests) is seen here."""
+        with self._lock:
+            seen = index in self._shallow_seen
+            self._shallow_seen.add(index)
+        return not seen
+
     def _template_thinks_by_default(self) -> bool:
         """The template opens a thinking turn unless told `enable_thinking: false` (Qwen3 hybrid models)."""
         from constrain.grammar import load_format
@@ -180,7 +195,8 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         """The `/v1/models` entry of the served model."""
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "constrain",
-                "demo": self.demo, "tool_format": self.native_format, "constrained_tools": self.constrained}
+                "demo": self.demo, "tool_format": self.native_format, "constrained_tools": self.constrained,
+                "shallower_schemas": self.shallower}
 
     def stats(self) -> dict[str, Any]:
         """The `/v1/stats` figures: the compiled-index cache (entries, estimated bytes and its bound, hits, misses,
@@ -206,6 +222,8 @@ class Engine:
         """
         request = ChatRequest.from_body(body)
         policy = Policy.from_chat_request(request)
+        if self.shallower:
+            policy = dataclasses.replace(policy, shallower=True)
         if policy.mode == "required" and self.native_format is None:
             raise RequestError(
                 f"Invalid value for 'tool_choice': the model {self.name!r} has a chat template without tool calls, "
@@ -387,6 +405,11 @@ class Engine:
                     index = compile_index(job.policy, self.vocab, tool_format=job.tool_format, thinking=job.thinking,
                                           deadline=deadline)
                     box["index"] = index
+                    cut = (getattr(index, "meta", None) or {}).get("shallower", ())
+                    for where, depth in cut if cut and self._first_use(index) else ():
+                        log.warning("%s: over the state budget at max_depth %d, compiled with recursion and "
+                                    "free-form values nested %d level(s) (--shallower-schemas)", where,
+                                    DEFAULT_MAX_DEPTH, depth)
                     fits = not self.constrained or index.completes_within(job.max_new_tokens)
                     box["result"] = (index, (0, 0) if fits else index.min_tokens_range_from_start())
             except BaseException as err:  # noqa: BLE001 - handed to the worker, which reports it to the job

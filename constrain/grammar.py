@@ -19,7 +19,7 @@ from lark.load_grammar import _parse_grammar  # lark's own grammar-of-grammars p
 
 from constrain import automaton as fa
 from constrain.errors import UnsupportedSchema, join_pointer
-from constrain.schema import CompiledSchema, compile_schema
+from constrain.schema import DEFAULT_MAX_DEPTH, CompiledSchema, compile_schema
 from constrain.syntax import ANY_TEXT, Gemma4Syntax, JsonSyntax, XmlArgumentsSyntax
 
 GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammars"
@@ -205,6 +205,8 @@ class ToolGrammar:
     relaxed: tuple[tuple[str, str, str], ...]  # (tool name, pointer, reason)
     ignored: tuple[str, ...]
     largest: str = ""  # the pointer of the part with the most states (`CompiledSchema.largest` of the largest schema)
+    # (pointer, depth) of each schema compiled shallower than max_depth (`Policy.shallower`)
+    shallower: tuple[tuple[str, int], ...] = ()
 
 
 def argument_syntax(fmt: Format, special_ids: Mapping[str, int]) -> JsonSyntax:
@@ -263,12 +265,21 @@ def compile_policy_grammar(
     relaxed: list[tuple[str, str, str]] = []
     ignored: list[str] = []
     sizes: list[tuple[int, str]] = []
+    shallower: list[tuple[str, int]] = []
+    # (passed only when set: a `compile_arguments` that does not take it is still called as before)
+    narrow = {"shallower": True} if getattr(policy, "shallower", False) else {}
+
+    def note_depth(compiled: Any, pointer: str) -> None:
+        depth = getattr(compiled, "depth", None)
+        if narrow and depth is not None and depth < DEFAULT_MAX_DEPTH:
+            shallower.append((pointer, depth))
 
     content: fa.Expr = text
     rf = getattr(policy, "response_format", None)
     if rf is not None and getattr(rf, "type", "text") == "json_schema":
         compiled = compile_arguments(rf.schema, pointer="/response_format/json_schema/schema", strict=bool(rf.strict),
-                                     whitespace="compact" if rf.strict else "flexible")
+                                     whitespace="compact" if rf.strict else "flexible", **narrow)
+        note_depth(compiled, "/response_format/json_schema/schema")
         content = compiled.dfa
         sizes.append((compiled.dfa.n_states, getattr(compiled, "largest", "") or "/response_format/json_schema/schema"))
     elif rf is not None and getattr(rf, "type", "text") == "json_object":
@@ -295,7 +306,8 @@ def compile_policy_grammar(
                                          closed_objects=bool(getattr(policy, "closed_objects", True)),
                                          # strict tools too are written as the model's template writes calls
                                          # (e.g. `", "`); strictness is about validity, not spacing
-                                         syntax=syntax)
+                                         syntax=syntax, **narrow)
+            note_depth(compiled, pointer)
             relaxed += [(name, p, why) for p, why in compiled.relaxed]
             ignored += compiled.ignored_keywords
             sizes.append((compiled.dfa.n_states, getattr(compiled, "largest", "") or pointer))
@@ -318,7 +330,7 @@ def compile_policy_grammar(
 
     call = fa.union(*per_tool) if per_tool else fa.NOTHING
     body = build(turn_structure(fmt, policy, thinking))
-    return ToolGrammar(body, tuple(relaxed), tuple(ignored), max(sizes)[1] if sizes else "")
+    return ToolGrammar(body, tuple(relaxed), tuple(ignored), max(sizes)[1] if sizes else "", tuple(shallower))
 
 
 def turn_structure(fmt: Format, policy: Any, thinking: bool) -> tuple:

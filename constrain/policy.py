@@ -53,6 +53,9 @@ class Policy:
         closed_objects: objects in tool arguments that declare `properties` but do not say `additionalProperties`
             take no undeclared properties (a deliberate narrowing: a tool's function takes only the parameters it
             declares); a bare `{"type": "object"}` stays free-form.
+        shallower: a tool's (or `response_format`'s) schema over the state budget with recursion or free-form
+            nesting is compiled with fewer levels of it, the most that fit (`compile_schema(shallower=True)`: a
+            narrowing, never a relaxation; off by default, `constrain serve --shallower-schemas` sets it).
     """
 
     tools: tuple[ToolSpec, ...] = ()
@@ -68,6 +71,7 @@ class Policy:
     reasoning_budget: int | None = None
     relax_non_strict: bool = True
     closed_objects: bool = True
+    shallower: bool = False
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -194,6 +198,8 @@ class Policy:
             "relax_non_strict": self.relax_non_strict,
             "closed_objects": self.closed_objects,
         }
+        if self.shallower:  # (only when set: every other policy keeps the key it had)
+            payload["shallower"] = True
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -207,3 +207,25 @@ def test_random_walks_have_the_format_shape(name):
                 assert isinstance(args, dict)
                 if m.group(1) == "get_weather":
                     assert isinstance(args["city"], str) and set(args) <= {"city", "days"}
+
+
+def test_a_shallower_policy_compiles_an_over_budget_recursive_tool_and_records_its_depth():
+    import dataclasses
+
+    from constrain.automaton import BudgetExceeded
+
+    tree = {"type": "object", "properties": {k: {"$ref": "#"} for k in "abcdefghijklmnopqrstuvwxyz"},
+            "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "flag", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "tree", "parameters": tree}}]
+    policy = Policy.from_request(tools=tools, tool_choice={"type": "function", "function": {"name": "tree"}})
+    vocab = byte_vocab("hermes")
+    with pytest.raises(BudgetExceeded) as err:
+        compile_index(policy, vocab, tool_format="hermes", cache=None)
+    assert err.value.pointer.startswith("/tools/1/function/parameters")
+    index = compile_index(dataclasses.replace(policy, shallower=True), vocab, tool_format="hermes", cache=None)
+    assert index.meta["shallower"] == (("/tools/1/function/parameters", 2),)
+    text = '<tool_call>\n{"name": "tree", "arguments": {"a": {"b": {}}, "c": {}}}\n</tool_call><|im_end|>'
+    deeper = text.replace('{"b": {}}', '{"b": {"c": {}}}')
+    assert walk(index, to_ids(text, vocab, "hermes")) == (True, True)  # 2 levels inside the arguments
+    assert walk(index, to_ids(deeper, vocab, "hermes")) == (False, False)  # 3: what the budget cost

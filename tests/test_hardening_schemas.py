@@ -269,3 +269,38 @@ def test_large_automata_are_served_without_a_minimum_length_table(tmp_path):
             assert call["function"]["name"] == case
             value = json.loads(call["function"]["arguments"])["v"]
             assert valid(value), value
+
+
+# 26 members that each hold the whole object again: over the 100,000-state budget unrolled 3 levels (the default
+# max_depth), 6,267 states at 2 (compact JSON)
+WIDE_TREE = {"type": "object", "properties": {k: {"$ref": "#"} for k in "abcdefghijklmnopqrstuvwxyz"},
+             "additionalProperties": False}
+
+
+def _depth(value) -> int:
+    return 1 + max(map(_depth, value.values()), default=0) if isinstance(value, dict) else 0
+
+
+def test_over_budget_recursion_is_refused_by_default_and_nested_less_with_shallower_schemas(server, tmp_path):
+    """A recursive tool schema over the state budget: the default server refuses it (400 budget_exceeded naming the
+    tool); `--shallower-schemas` serves it with its recursion unrolled 2 levels instead of 3 (a narrowing: every call
+    still valid against the schema), and logs the schema and the depth it got."""
+    body = {"messages": USER, "tools": [tool("harmless", one({"type": "boolean"})), tool("tree", WIDE_TREE)],
+            "tool_choice": {"type": "function", "function": {"name": "tree"}}, "max_tokens": 200, "seed": 0,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    status, data = send(server, "wide_tree (default)", body)
+    err = error_of(status, data)
+    assert status == 400 and err["code"] == "budget_exceeded", err
+    assert err["param"].startswith("tools[1].function.parameters"), err
+    with demo_server("shallower", ["--constrained-tools", "--shallower-schemas"], tmp_path) as s:
+        for seed in range(3):
+            body["seed"] = seed
+            status, data = send(s, f"wide_tree (--shallower-schemas, seed {seed})", body)
+            assert status == 200, data[:500]
+            message = message_of_completion(json.loads(data))
+            check_message(body, message, constrained=True)
+            (call,) = message["tool_calls"]
+            assert _depth(json.loads(call["arguments"])) <= 3  # the object itself and 2 levels inside
+        log = s.log()
+    assert log.count("/tools/1/function/parameters: over the state budget at max_depth 3, compiled with recursion "
+                     "and free-form values nested 2 level(s)") == 1, log[-2000:]

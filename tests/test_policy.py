@@ -294,6 +294,15 @@ def test_key_changes_with_what_shapes_the_grammar(change):
     assert Policy.from_request({**BASE, **change}).key() != Policy.from_request(BASE).key()
 
 
+def test_shallower_is_part_of_the_key_only_when_set():
+    import dataclasses
+
+    base = Policy.from_request(BASE)
+    assert not base.shallower
+    assert dataclasses.replace(base, shallower=True).key() != base.key()
+    assert dataclasses.replace(base, shallower=False).key() == base.key()  # (the keys cached before it stay valid)
+
+
 def test_key_sees_integer_vs_float_and_schema_details():
     def key(const: object) -> str:
         return Policy.from_request(tools=[tool("a", parameters={"type": "object", "properties": {"q": {"const": const}}})]).key()
