@@ -319,7 +319,7 @@ class Engine:
             if job.max_new_tokens < need:
                 if job.max_tokens_pointer is None:  # the server's default: raise it to what the output needs
                     job.max_new_tokens = enough
-                else:  # (need < enough: the exact minimum is a long search on this automaton, its proven bounds)
+                else:  # the exact minimum (need == enough), else its proven bounds (the exact one a long search)
                     tokens = f"{need}" if need == enough else f"{need} to {enough}"
                     raise RequestError(
                         f"max_tokens is {job.max_new_tokens}, below the {tokens} tokens the shortest valid reply under "
