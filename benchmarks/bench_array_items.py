@@ -1,0 +1,85 @@
+"""What an array of tool calls costs on top of its item: constrain and xgrammar side by side.
+
+`parallel_1to5_of_5` (bench_engine.py) is an array of 1..5 call objects over 5 BFCL tools; its item is the `anyOf`
+of the 5 call objects. xgrammar writes the array as a repetition over the item's rules, so both cost it about the
+same; constrain unrolls the five copies of the item's automaton and indexes every copy's states. For each
+vocabulary, TTFM (schema -> compiled -> first mask, cold: no sub-automaton kept between compiles) of the item and of
+the array, both engines' compiles interleaved, `--repeats` rounds after one untimed; prints the medians and the
+array's cost over the item.
+
+Usage: python benchmarks/bench_array_items.py [--quick] [--vocabs llama3,qwen3,gemma4] [--repeats 15] [--json PATH]
+       (--quick, as CI runs it: llama3, 2 rounds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_engine  # noqa: E402
+from workloads import Json, Workload, any_call, bfcl_tools  # noqa: E402
+
+
+def workloads() -> list[Workload]:
+    item = any_call(bfcl_tools()[:5])
+    return [Workload("item", [Json(item)], "anyOf of 5 BFCL call objects"),
+            Workload("array", [Json({"type": "array", "items": item, "minItems": 1, "maxItems": 5})],
+                     "array of 1..5 of them (parallel_1to5_of_5)")]
+
+
+def measure(vlabel: str, repeats: int) -> dict:
+    vocab = bench_engine.load_vocab(vlabel)
+    engines = {"constrain": bench_engine.Constrain(), "xgrammar": bench_engine.XGrammar()}
+    engines["constrain"].prepare(vocab)
+    engines["xgrammar"].prepare(vocab, bench_engine.peer_tokens_of(vocab))
+    buf = np.zeros((vocab.vocab_size + 31) // 32, np.int32)
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
+    for w in workloads():  # one round untimed: first calls in a process (imports, caches of the vocabulary)
+        for eng in engines.values():
+            eng.fill(eng.matcher(eng.compile(w)), buf)
+    for _ in range(repeats):
+        for w in workloads():
+            for name, eng in engines.items():
+                gc.collect()
+                t0 = time.perf_counter()
+                m = eng.matcher(eng.compile(w))
+                eng.fill(m, buf)
+                times[name].setdefault(w.name, []).append(time.perf_counter() - t0)
+    out = {}
+    for name, per in times.items():
+        item, array = (statistics.median(per[k]) * 1e3 for k in ("item", "array"))
+        out[name] = {"item_ms": round(item, 2), "array_ms": round(array, 2), "array_over_item_ms": round(array - item, 2)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocabs", default="llama3,qwen3,gemma4")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.vocabs, args.repeats = "llama3", 2
+    results = {}
+    print("| vocab | engine | item ms | array ms | array - item ms |")
+    print("|---|---|---|---|---|")
+    for vlabel in args.vocabs.split(","):
+        results[vlabel] = measure(vlabel, args.repeats)
+        for name, r in results[vlabel].items():
+            print(f"| {vlabel} | {name} | {r['item_ms']} | {r['array_ms']} | {r['array_over_item_ms']} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
