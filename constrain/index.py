@@ -420,6 +420,7 @@ class TokenIndex:
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
         self._counted_rows: dict[tuple[int, int, int | None], int] = {}
+        self._counted_args: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the C counted walk's, on first use
         self._need: np.ndarray | None = None  # `_need_ticks`, on first use
         if counters is not None:
             # A cursor with `room` counts left takes the plain row unless a token could tick `room` times (end at
@@ -753,6 +754,19 @@ class TokenIndex:
         if row is not None:
             return row
         base = self._row_words(self.row_for_state(state, budget))
+        if self._walker is not None:  # the same walk in C, depth first over the live nodes (3-35x faster)
+            if self._counted_args is None:
+                outside = np.ones(self._n_words * 32, bool)  # the tokens no trie node spells keep the plain row's bit
+                outside[self._trie.term_tokens] = False
+                self._counted_args = (np.ascontiguousarray(self._eff_flat, dtype=np.int8),
+                                      np.ascontiguousarray(self._need_ticks(), dtype=np.uint8),
+                                      np.packbits(outside, bitorder="little").view(np.int32))
+            effect, need_flags, outside_words = self._counted_args
+            words, _ = self._walker.counted(effect, need_flags, state, room)
+            mask = base & (words.view(np.int32) | outside_words)
+            with self._lock:
+                row = self._counted_rows[key] = self._insert_row(mask)
+            return row
         trie, k = self._trie, self._n_classes
         ds = trie.depth_start
         tflat, eflat = self._tflat, self._eff_flat

@@ -731,6 +731,53 @@ enum { SORT_TOUCHED = 128 };
 /* `share`: return -2 (a state the caller may rather derive from an earlier one's mask: `constrain_walk_delta`) at
    once when the subtrees of the live first-byte nodes hold a[24] nodes or more (a[23]: int64 subtree sizes of the
    first-byte nodes), or once the depth-first walk finds more than a[22] nodes live. */
+/* A cursor inside a counter with `room` counts left at `state`: the bits of the tokens whose walk stays live, ticks
+   (effect 1) at most `room` times before it closes or opens a bound (effect >= 2), and ends where the counts it took
+   leave room for what the state needs (`need`, 0/1 per state, the dead state last); `words` zeroed first (a[15]
+   words). `effect`: int8 per (state, class), the dead row last, as `tflat`. Returns the most ticks any live token makes
+   before closing (room or not), -1 out of memory. Depth first over the trie, every live node. */
+int64_t constrain_walk_counted(const int64_t *a, const int8_t *effect, const uint8_t *need, int32_t state, int32_t room,
+                               uint32_t *words) {
+    const int32_t *tflat = P(0), *byte_class = P(2), *child_start = P(3), *child_count = P(4), *term_start = P(5),
+                  *term_count = P(6), *term_tokens = P(7);
+    const uint8_t *node_byte = B8(25);
+    int32_t k = (int32_t)a[1], n_first = (int32_t)a[13], max_depth = (int32_t)a[14];
+    memset(words, 0, (size_t)a[15] * sizeof(uint32_t));
+    size_t d1 = (size_t)max_depth + 1;
+    int32_t *cur = (int32_t *)malloc(5 * d1 * sizeof(int32_t));
+    if (!cur) return -1;
+    int32_t *end = cur + d1, *from = end + d1, *count = from + d1, *closed = count + d1;
+    int32_t *touched = NULL;
+    int64_t most = 0;
+    int32_t depth = 0;
+    cur[0] = 0; end[0] = n_first; from[0] = state; count[0] = 0; closed[0] = 0;
+    while (depth >= 0) {
+        if (cur[depth] == end[depth]) { depth--; continue; }
+        int32_t node = cur[depth]++;
+        int64_t at = (int64_t)from[depth] * k + byte_class[node_byte[node]];
+        int32_t s = tflat[at];
+        if (s < 0) continue;
+        int32_t shut = closed[depth] || effect[at] >= 2;
+        int32_t n = count[depth] + (effect[at] == 1);
+        if (!shut && n > most) most = n;
+        if (!shut && n > room) continue;
+        int32_t tc = term_count[node];
+        if (tc && (shut || n + need[s] <= room))
+            for (int32_t i = 0; i < tc; i++) SET_BIT(term_tokens[term_start[node] + i]);
+        int32_t cc = child_count[node];
+        if (cc && depth + 1 <= max_depth) {
+            depth++;
+            cur[depth] = child_start[node];
+            end[depth] = child_start[node] + cc;
+            from[depth] = s;
+            count[depth] = n;
+            closed[depth] = shut;
+        }
+    }
+    free(cur);
+    return most;
+}
+
 int64_t constrain_walk(const int64_t *a, int32_t state, int32_t *node_state, uint32_t *words, uint8_t *seen,
                        int32_t *tok_state, int32_t *sparse, int32_t sparse_max, int32_t *touched, int32_t *dests,
                        int32_t share) {
@@ -1473,6 +1520,9 @@ class NativeAutomata:
         self._walk_many.argtypes = [p, p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_int64, p, p, p, ctypes.c_int32, p, p, p, ctypes.c_int64]
         self._walk_many.restype = ctypes.c_int32
+        self._walk_counted = lib.constrain_walk_counted
+        self._walk_counted.argtypes = [p, p, p, ctypes.c_int32, ctypes.c_int32, p]
+        self._walk_counted.restype = ctypes.c_int64
         # (through a PyDLL handle: the GIL stays held, as a cursor's step is shorter than a GIL hand-over)
         held = ctypes.PyDLL(lib._name)
         self._step = held.constrain_step
@@ -1939,6 +1989,17 @@ class TrieWalker:
         if got < 0:
             raise MemoryError("the native trie walk ran out of memory")
         return local, off[: got + 1], data[: int(off[got])].copy()
+
+    def counted(self, effect: np.ndarray, need: np.ndarray, state: int, room: int) -> tuple[np.ndarray, int]:
+        """`constrain_walk_counted`: (the bits of the tokens from `state` that keep within `room` counts, as uint32
+        words; the most counts any live token makes). `effect` int8 per (state, class) with the dead row last, `need`
+        uint8 per state with the dead state last; both contiguous, kept by the caller."""
+        words = np.zeros(self._n_words, np.uint32)
+        most = self._lib._walk_counted(self._args, effect.ctypes.data, need.ctypes.data, int(state), int(room),
+                                       words.ctypes.data)
+        if most < 0:
+            raise MemoryError("the native counted walk ran out of memory")
+        return words, int(most)
 
     def _pattern(self, state: int) -> bytes:
         return (self._tflat[state * self._k : (state + 1) * self._k] >= 0).tobytes()

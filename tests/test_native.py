@@ -814,3 +814,34 @@ def test_native_length_product_keeps_the_state_budget():
     with pytest.raises(fa.BudgetExceeded) as err:
         compile_schema(schema, max_states=2_000)
     assert "state budget of 2000 states" in str(err.value) and err.value.pointer == "/maxLength"
+
+
+# --- the counted walk (`constrain_walk_counted`) against the numpy walk of `TokenIndex._counted_row` ----------------
+
+COUNTED_SCHEMAS = [
+    {"type": "array", "items": {"type": "string", "maxLength": 3000, "minLength": 2}, "maxItems": 3},
+    {"type": "string", "maxLength": 1024, "minLength": 3, "format": "email"},
+    {"type": "string", "maxLength": 5000, "pattern": "^[a-zé]*(-[0-9]+)?$"},
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 150},
+    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+                                "additionalProperties": False}, "maxItems": 120},
+]
+
+
+@pytest.mark.parametrize("schema", COUNTED_SCHEMAS)
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_counted_rows_from_the_c_walk_equal_the_numpy_walks(schema, vocab_name, request):
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(schema).dfa
+    native_index, numpy_index = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
+    assert native_index._counters is not None and native_index._walker is not None
+    numpy_index._walker = None  # `_counted_row` (and its plain rows) walked by numpy
+    rng = np.random.default_rng(len(json.dumps(schema)))
+    for state, room in zip(rng.integers(0, native_index._n_states, 30).tolist(), rng.integers(0, 6, 30).tolist()):
+        got = native_index._row_words(native_index._counted_row(state, room, None))
+        expected = numpy_index._row_words(numpy_index._counted_row(state, room, None))
+        assert np.array_equal(got, expected), (state, room)
+    effect = np.ascontiguousarray(native_index._eff_flat, dtype=np.int8)
+    need = np.ascontiguousarray(native_index._need_ticks(), dtype=np.uint8)
+    most = [native_index._walker.counted(effect, need, s, 10**6)[1] for s in range(native_index._n_states)]
+    assert 1 <= max(most) <= native_index._trie.max_depth  # inside the counter tokens count; a count a byte at most
