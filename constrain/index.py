@@ -767,33 +767,31 @@ class TokenIndex:
             effect, need_flags, outside_words = self._counted_args
             words, _ = self._walker.counted(effect, need_flags, state, room)
             mask = base & (words.view(np.int32) | outside_words)
-            with self._lock:
-                row = self._counted_rows[key] = self._insert_row(mask)
-            return row
-        trie, k = self._trie, self._n_classes
-        ds = trie.depth_start
-        tflat, eflat = self._tflat, self._eff_flat
-        node_cls = self._node_cls
-        need = self._need_ticks()
-        node_ok = np.zeros(trie.n_nodes, bool)
-        states = np.full(1, state, np.int64)
-        counts = np.zeros(1, np.int64)
-        closed = np.zeros(1, bool)
-        for d in range(1, trie.max_depth + 1):
-            lo, hi = ds[d - 1], ds[d]
-            parent = np.zeros(hi - lo, np.int64) if d == 1 else trie.parent_local[lo:hi]
-            at = states[parent] * k + node_cls[lo:hi]  # a dead parent (-1) lands in the dead row
-            effect = eflat[at]
-            states = tflat[at].astype(np.int64)
-            closed = closed[parent] | (effect >= EFFECT_CLOSE)  # closed, or a new string (bound > any token)
-            counts = counts[parent] + (effect == EFFECT_TICK)
-            states[~closed & (counts > room)] = -1
-            node_ok[lo:hi] = (states >= 0) & (closed | (counts + need[states] <= room))
-            if not (states >= 0).any():
-                break
-        ok = np.ones(self._n_words * 32, bool)
-        ok[trie.term_tokens] = node_ok[trie.term_node]
-        mask = base & np.packbits(ok, bitorder="little").view(np.int32)
+        else:
+            trie, k = self._trie, self._n_classes
+            ds = trie.depth_start
+            tflat, eflat = self._tflat, self._eff_flat
+            node_cls = self._node_cls
+            need = self._need_ticks()
+            node_ok = np.zeros(trie.n_nodes, bool)
+            states = np.full(1, state, np.int64)
+            counts = np.zeros(1, np.int64)
+            closed = np.zeros(1, bool)
+            for d in range(1, trie.max_depth + 1):
+                lo, hi = ds[d - 1], ds[d]
+                parent = np.zeros(hi - lo, np.int64) if d == 1 else trie.parent_local[lo:hi]
+                at = states[parent] * k + node_cls[lo:hi]  # a dead parent (-1) lands in the dead row
+                effect = eflat[at]
+                states = tflat[at].astype(np.int64)
+                closed = closed[parent] | (effect >= EFFECT_CLOSE)  # closed, or a new string (bound > any token)
+                counts = counts[parent] + (effect == EFFECT_TICK)
+                states[~closed & (counts > room)] = -1
+                node_ok[lo:hi] = (states >= 0) & (closed | (counts + need[states] <= room))
+                if not (states >= 0).any():
+                    break
+            ok = np.ones(self._n_words * 32, bool)
+            ok[trie.term_tokens] = node_ok[trie.term_node]
+            mask = base & np.packbits(ok, bitorder="little").view(np.int32)
         with self._lock:
             row = self._counted_rows[key] = self._insert_row(mask)
         return row
