@@ -2,10 +2,11 @@
 
 `parallel_1to5_of_5` (bench_engine.py) is an array of 1..5 call objects over 5 BFCL tools; its item is the `anyOf`
 of the 5 call objects. xgrammar writes the array as a repetition over the item's rules, so both cost it about the
-same; constrain unrolls the five copies of the item's automaton and indexes every copy's states. For each
-vocabulary, TTFM (schema -> compiled -> first mask, cold: no sub-automaton kept between compiles) of the item and of
-the array, both engines' compiles interleaved, `--repeats` rounds after one untimed; prints the medians and the
-array's cost over the item.
+same. constrain unrolls the copies of the item's automaton while they weigh little (1..5: 2,012 states), and counts
+the items beside the automaton once unrolling would weigh more (`schema.COUNTED_UNROLLED_SIZE`: 1..10 and 1..20
+keep the item's 404 states). For each vocabulary, TTFM (schema -> compiled -> first mask, cold: no sub-automaton kept
+between compiles) of the item and of arrays of 1..5, 1..10 and 1..20 of it, both engines' compiles interleaved,
+`--repeats` rounds after one untimed; prints the medians and each array's cost over the item.
 
 Usage: python benchmarks/bench_array_items.py [--quick] [--vocabs llama3,qwen3,gemma4] [--repeats 15] [--json PATH]
        (--quick, as CI runs it: llama3, 2 rounds)
@@ -28,11 +29,14 @@ import bench_engine  # noqa: E402
 from workloads import Json, Workload, any_call, bfcl_tools  # noqa: E402
 
 
+ARRAYS = (5, 10, 20)  # maxItems of the arrays timed (minItems 1); 5 is parallel_1to5_of_5
+
+
 def workloads() -> list[Workload]:
     item = any_call(bfcl_tools()[:5])
-    return [Workload("item", [Json(item)], "anyOf of 5 BFCL call objects"),
-            Workload("array", [Json({"type": "array", "items": item, "minItems": 1, "maxItems": 5})],
-                     "array of 1..5 of them (parallel_1to5_of_5)")]
+    return [Workload("item", [Json(item)], "anyOf of 5 BFCL call objects")] + [
+        Workload(f"1to{n}", [Json({"type": "array", "items": item, "minItems": 1, "maxItems": n})],
+                 f"array of 1..{n} of them" + (" (parallel_1to5_of_5)" if n == 5 else "")) for n in ARRAYS]
 
 
 def measure(vlabel: str, repeats: int) -> dict:
@@ -55,8 +59,12 @@ def measure(vlabel: str, repeats: int) -> dict:
                 times[name].setdefault(w.name, []).append(time.perf_counter() - t0)
     out = {}
     for name, per in times.items():
-        item, array = (statistics.median(per[k]) * 1e3 for k in ("item", "array"))
-        out[name] = {"item_ms": round(item, 2), "array_ms": round(array, 2), "array_over_item_ms": round(array - item, 2)}
+        item = statistics.median(per["item"]) * 1e3
+        out[name] = {"item_ms": round(item, 2)}
+        for n in ARRAYS:
+            array = statistics.median(per[f"1to{n}"]) * 1e3
+            out[name][f"1to{n}_ms"] = round(array, 2)
+            out[name][f"1to{n}_over_item_ms"] = round(array - item, 2)
     return out
 
 
@@ -70,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.vocabs, args.repeats = "llama3", 2
     results = {}
-    print("| vocab | engine | item ms | array ms | array - item ms |")
-    print("|---|---|---|---|---|")
+    print("| vocab | engine | item ms | " + " | ".join(f"1..{n} ms (- item)" for n in ARRAYS) + " |")
+    print("|---|---|---|" + "---|" * len(ARRAYS))
     for vlabel in args.vocabs.split(","):
         results[vlabel] = measure(vlabel, args.repeats)
         for name, r in results[vlabel].items():
-            print(f"| {vlabel} | {name} | {r['item_ms']} | {r['array_ms']} | {r['array_over_item_ms']} |", flush=True)
+            cells = " | ".join(f"{r[f'1to{n}_ms']} ({r[f'1to{n}_over_item_ms']:+})" for n in ARRAYS)
+            print(f"| {vlabel} | {name} | {r['item_ms']} | {cells} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -49,6 +49,18 @@ DEEPEN_FROM_SHARE = 16
 # at most, so one token never crosses a fresh bound (`TokenIndex` checks). maxItems 100 of objects with two bounded
 # string fields (Github_easy o9842): over the 100k-state budget unrolled, 3,857 states counted.
 COUNTED_MIN_ITEMS = 100
+# A shorter array is counted too when the copies unrolling would add are heavy (maxItems - minItems times the item's
+# estimated automaton, `fa.size`, at least COUNTED_UNROLLED_SIZE) and maxItems - 1 lies beyond the most commas one
+# token could count between two items. Schema -> first mask on Llama 3, an array of 1..n of the anyOf of 5 BFCL call
+# objects (size 793; 404 states counted, 402n + 2 unrolled): counted 6.0-7.0 ms at every n, unrolled 6.4 (n = 5),
+# 7.4 (10), 9.2 (20), 15.6 ms (50); the crossover lies near n = 6, where the copies weigh about 4,000. A token holds
+# at most COUNTED_MOST_COMMAS commas, and one with two or more at most COUNTED_COMMA_TOKEN_BYTES bytes (measured on 14
+# vocabularies: Llama 3, Qwen3, GPT-2, StarCoder 8 commas, Gemma 4 4, Tekken and Phi-3 2; such tokens 8 bytes at
+# most: 12 leaves a margin), while two counted commas lie an item and a comma apart. `TokenIndex` bounds the ticks
+# per token for its vocabulary and automaton, and refuses a counter it could not keep.
+COUNTED_UNROLLED_SIZE = 4096
+COUNTED_MOST_COMMAS = 8
+COUNTED_COMMA_TOKEN_BYTES = 12
 # `uniqueItems` is enforced for items of at most this many distinct values: the automaton keeps which were written
 # (2**n sets).
 MAX_UNIQUE_VALUES = 8
@@ -2203,7 +2215,7 @@ class _Compiler:
             if distinct is not None:
                 return distinct
         if (self.may_count() and not prefix_exprs and "contains" not in schema and hi is not None
-                and hi - lo >= COUNTED_MIN_ITEMS and rest != fa.NOTHING and not fa.has_markers(rest)):
+                and rest != fa.NOTHING and self.counts_items(rest, lo, hi) and not fa.has_markers(rest)):
             return self.counted_array(rest, lo, hi, pointer)
         if "contains" in schema:
             counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
@@ -2238,6 +2250,18 @@ class _Compiler:
         """Whether a long bound here may be counted beside the automaton: in plain JSON, outside `not` (a
         complement would count markers, not characters or items)."""
         return self.counters and not self.negations and type(self.syntax) is JsonSyntax
+
+    @staticmethod
+    def counts_items(item: fa.Expr, lo: int, hi: int) -> bool:
+        """Whether an array of `lo`..`hi` `item`s is counted (`counted_array`) rather than unrolled: many optional
+        items, or a few heavy ones with room for the most commas one token may count (see COUNTED_UNROLLED_SIZE)."""
+        if hi - lo >= COUNTED_MIN_ITEMS:
+            return True
+        if hi - lo < 2 or (hi - lo) * fa.size(item) < COUNTED_UNROLLED_SIZE:
+            return False
+        apart = fa.shortest_text(item) + 1  # from one counted comma to the next: an item, then a comma
+        most = min(COUNTED_MOST_COMMAS, 1 + (COUNTED_COMMA_TOKEN_BYTES - 1) // apart)
+        return hi - 1 > most
 
     def counted_array(self, item: fa.Expr, lo: int, hi: int, pointer: str) -> fa.Expr:
         """Arrays of `lo`..`hi` items with the bound kept by the cursor (`fa.counted_open`): the first `lo` items

@@ -80,16 +80,19 @@ def test_glued_automaton_equals_the_subset_construction(expr_and_regex):
     assert glued.n_states >= whole.n_states
 
 
-BYTE_SETS = st.lists(st.sampled_from([b"a", b"b", b"ab", b"bc", b"abc", b"\x00\xff"]), min_size=0, max_size=9)
+BYTE_SETS = st.lists(st.sampled_from([b"a", b"b", b"ab", b"bc", b"abc", b"\x00\xff", 7, 9]), min_size=0,
+                     max_size=9)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(BYTE_SETS)
 def test_literal_chain_is_the_minimal_dfa(sets):
-    expr = fa.concat(*(fa.byte_set([(b, b) for b in s]) for s in sets))
+    # byte sets and special symbols (token ids named by a grammar): a chain built directly
+    expr = fa.concat(*(fa.special(s) if isinstance(s, int) else fa.byte_set([(b, b) for b in s]) for s in sets))
     chain = fa.compile(expr)
     whole = fa._determinised(expr, fa._Budget(10**6, None, ""))
     assert chain.n_states == whole.n_states and chain.n_classes == whole.n_classes
+    assert chain.specials == whole.specials
     assert fa.compile(fa.difference(chain, whole)).is_empty and fa.compile(fa.difference(whole, chain)).is_empty
 
 

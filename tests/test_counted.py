@@ -262,27 +262,30 @@ def _compare_item_walks(vocab, monkeypatch, schema, n_walks, seed):
 
 
 def test_item_masks_equal_the_unrolled_masks_llama3(llama3_vocab, monkeypatch):
-    # an array ticks on its commas only: Llama 3's tokens hold 8 commas at most, so rows are counted from 8 left
+    # an array ticks on its commas only: Llama 3's tokens hold 8 commas at most, in 8 bytes, and two ticks lie 2 bytes
+    # apart at least ("7,"): rows are counted from 1 + 7 // 2 = 4 left
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 70}
-    index = _compare_item_walks(llama3_vocab, monkeypatch, schema, 20, seed=5)
-    assert index._near == {69: 8}
+    index = _compare_item_walks(llama3_vocab, monkeypatch, schema, 30, seed=5)
+    assert index._near == {69: 4}
 
 
 def test_item_masks_equal_the_unrolled_masks_gemma4(gemma4_vocab, monkeypatch):
     schema = {"type": "array", "items": {"enum": ["a", "bc", "d e"]}, "minItems": 1, "maxItems": 64}
-    index = _compare_item_walks(gemma4_vocab, monkeypatch, schema, 20, seed=6)
-    assert index._near == {63: 4}  # Gemma 4: 4 commas in one token at most
+    index = _compare_item_walks(gemma4_vocab, monkeypatch, schema, 30, seed=6)
+    # Gemma 4: 4 commas in one token at most, those with two or more 8 bytes at most; ticks 4 bytes apart ('"a",')
+    assert index._near == {63: 2}
 
 
 def test_a_vocabulary_whose_tokens_could_pass_a_fresh_item_bound_is_refused(llama3_vocab, monkeypatch):
-    # a token of 8 commas could pass a bound of 8 commas at once (opened inside that token, no counted row before)
+    # Llama 3's 8-byte tokens of 4 or 8 commas, with ticks 2 bytes apart ("7,"), could count 4 at once: a bound of 4
+    # commas could be passed at once (opened inside that token, no counted row before)
     counted, _ = both_items({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                             "maxItems": 9}, monkeypatch, threshold=5)
+                             "maxItems": 5}, monkeypatch, threshold=3)
     with pytest.raises(UnsupportedSchema):
         TokenIndex(counted, llama3_vocab)
     counted, _ = both_items({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                             "maxItems": 10}, monkeypatch, threshold=5)
-    assert TokenIndex(counted, llama3_vocab)._near == {9: 8}
+                             "maxItems": 6}, monkeypatch, threshold=3)
+    assert TokenIndex(counted, llama3_vocab)._near == {5: 4}
 
 
 def test_public_api_walks_fill_a_counted_array_to_its_bound_and_no_further(qwen3_vocab):
@@ -318,3 +321,52 @@ def test_public_api_walks_fill_a_counted_array_to_its_bound_and_no_further(qwen3
             assert step < budget
         lengths.append(len(items))
     assert lengths[0] == lengths[1] == 120
+
+
+# A short array of heavy items (tool calls) is counted too (COUNTED_UNROLLED_SIZE): its item appears once in the
+# automaton.
+CALL_ITEM = {"type": "object", "properties": {
+    "name": {"enum": ["get_weather", "send_email", "book_table"]},
+    "city": {"type": "string", "maxLength": 12},
+    "units": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["name", "city"], "additionalProperties": False}
+
+
+def _short_arrays(schema, monkeypatch):
+    counted = compile_schema(schema).dfa
+    monkeypatch.setattr(schema_module, "COUNTED_UNROLLED_SIZE", 10**9)
+    unrolled = compile_schema(schema).dfa
+    monkeypatch.undo()
+    return counted, unrolled
+
+
+@pytest.mark.parametrize("vocab_name,seed", [("llama3_vocab", 11), ("gemma4_vocab", 12)])
+def test_a_few_heavy_items_are_counted_with_the_unrolled_masks(vocab_name, seed, monkeypatch, request):
+    vocab = request.getfixturevalue(vocab_name)
+    schema = {"type": "array", "items": CALL_ITEM, "minItems": 1, "maxItems": 8}
+    counted, unrolled = _short_arrays(schema, monkeypatch)
+
+    def choose(rng, byte_tokens):  # mostly tokens that continue the array, to reach the bound
+        going = [t for t in byte_tokens.tolist() if b"]" not in vocab.token_bytes[t]]
+        return int(rng.choice(going if going and rng.random() < 0.97 else byte_tokens))
+
+    index, near = _walk_both(vocab, counted, unrolled, 12, seed, choose, stop_p=0.02)
+    # an item and its comma are 20 bytes at least, and a token with two commas 8 at most: one tick a token
+    assert index._near == {7: 1} and index._ticking is not None
+    assert near > 60  # steps with at most one item left (counted rows) were compared
+
+
+def test_a_few_light_or_tight_items_are_unrolled(monkeypatch):
+    def counted(items, hi):
+        return fa.has_counters(compile_schema({"type": "array", "items": items, "maxItems": hi}).dfa)
+
+    assert not counted({"type": "integer"}, 8)  # a small item: unrolled copies cost little
+    # CALL_ITEM weighs 799 (`fa.size`): counted from (maxItems - minItems) * 799 >= 4,096
+    assert [hi for hi in (5, 6, 7, 8) if counted(CALL_ITEM, hi)] == [6, 7, 8]
+    monkeypatch.setattr(schema_module, "COUNTED_UNROLLED_SIZE", 0)
+    # items of 31 bytes at least: one comma a token, so a bound of one comma is left unrolled
+    assert [hi for hi in (2, 3) if counted(CALL_ITEM, hi)] == [3]
+    # items of 4 bytes ('"x0"'): a token of 12 bytes might count 1 + 11 // 5 = 3 commas
+    short = {"type": "string", "enum": ["a" * 40, "b" * 41] + [f"x{i}" for i in range(40)]}
+    assert [hi for hi in (4, 5) if counted(short, hi)] == [5]

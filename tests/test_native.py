@@ -836,6 +836,7 @@ def test_counted_rows_from_the_c_walk_equal_the_numpy_walks(schema, vocab_name, 
     dfa = compile_schema(schema).dfa
     native_index, numpy_index = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
     assert native_index._counters is not None and native_index._walker is not None
+    native_index._ticking = numpy_index._ticking = None  # (arrays: every token walked, not those with a comma)
     numpy_index._walker = None  # `_counted_row` (and its plain rows) walked by numpy
     rng = np.random.default_rng(len(json.dumps(schema)))
     states = rng.integers(0, native_index._n_states, 30).tolist()
@@ -848,3 +849,35 @@ def test_counted_rows_from_the_c_walk_equal_the_numpy_walks(schema, vocab_name, 
     need = np.ascontiguousarray(native_index._need_ticks(), dtype=np.uint8)
     most = [native_index._walker.counted(effect, need, s, 10**6)[1] for s in range(native_index._n_states)]
     assert 1 <= max(most) <= native_index._trie.max_depth  # inside the counter tokens count; a count a byte at most
+
+
+@pytest.mark.parametrize("schema", [
+    COUNTED_SCHEMAS[3], COUNTED_SCHEMAS[4],
+    # a short array of heavy items, minItems 2: closing the first item needs a tick
+    {"type": "array", "minItems": 2, "maxItems": 8, "items": {
+        "type": "object", "properties": {"name": {"enum": ["get_weather", "send_email"]},
+                                         "city": {"type": "string", "maxLength": 12},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+        "required": ["name", "city"], "additionalProperties": False}},
+])
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_counted_array_rows_from_the_comma_tokens_equal_the_full_walks(schema, vocab_name, request):
+    """An array's counted rows walk only the tokens that hold a comma (`_TickTokens.sub_trie`): equal to the numpy
+    walk of every token; `_near` is at least the most ticks any token makes from any state (the C walk's count)."""
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(schema).dfa
+    index, full = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
+    assert index._ticking is not None and len(index._ticking.ids) < 2000
+    full._ticking, full._walker = None, None
+    rng = np.random.default_rng(len(json.dumps(schema)))
+    for state, room in zip(rng.integers(0, index._n_states, 40).tolist(), rng.integers(0, 6, 40).tolist()):
+        got = index._row_words(index._counted_row(state, room, None))
+        expected = full._row_words(full._counted_row(state, room, None))
+        assert np.array_equal(got, expected), (state, room)
+    effect = np.ascontiguousarray(index._eff_flat, dtype=np.int8)
+    need = np.ascontiguousarray(index._need_ticks(), dtype=np.uint8)
+    most = max(index._walker.counted(effect, need, s, 10**6)[1] for s in range(index._n_states))
+    (near,) = index._near.values()
+    assert 1 <= most <= near
+    if "properties" in schema["items"] and "name" in schema["items"]["properties"]:
+        assert most == near == 1  # items of 20 bytes or more: one comma a token
