@@ -161,6 +161,7 @@ class _TickTokens:
             pairs[c] = max(pairs.get(c, 0), n)
         self.several = sorted(pairs.items())
         self._sub: _Trie | None = None
+        self._outside: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 
     def most_apart(self, gap: int) -> int:
@@ -169,6 +170,16 @@ class _TickTokens:
         if self.most <= 1:
             return self.most
         return max([1] + [min(c, 1 + (n - 1) // max(gap, 1)) for c, n in self.several])
+
+    def outside_words(self, n_words: int) -> np.ndarray:
+        """int32 [n_words]: the bits of every token but these (cached per width)."""
+        with self._lock:
+            words = self._outside.get(n_words)
+            if words is None:
+                outside = np.ones(n_words * 32, bool)
+                outside[self.ids] = False
+                words = self._outside[n_words] = np.packbits(outside, bitorder="little").view(np.int32)
+            return words
 
     def sub_trie(self, vocab: Any) -> _Trie:
         """The trie of these tokens alone (about 1,700 nodes on Llama 3), built on first use."""
@@ -479,7 +490,9 @@ class TokenIndex:
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
         self._counted_rows: dict[tuple[int, int, int | None], int] = {}
-        self._counted_args: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the C counted walk's, on first use
+        self._counted_args: tuple[np.ndarray, np.ndarray] | None = None  # `_counted_inputs`
+        self._outside_words: np.ndarray | None = None  # the tokens outside the trie, on the C counted walk's first use
+        self._tick_walker = None  # the C walk of `_ticking`'s tokens, on first use
         self._need: np.ndarray | None = None  # `_need_ticks`, on first use
         self._ticking: _TickTokens | None = None
         if counters is not None:
@@ -828,27 +841,42 @@ class TokenIndex:
         base = self._row_words(self.row_for_state(state, budget))
         if self._ticking is not None and (room > 0 or not self._need_ticks().any()):
             # Arrays only: a token without a comma keeps its bit (it cannot tick, and ends where a close needs no more
-            # ticks than the room), so only the few tokens with one are walked (0.1-0.3 ms, any state).
+            # ticks than the room), so only the few tokens with one are walked, in C where it is built (a row on
+            # Llama 3: 10-20 us; by numpy, 70-250 us)
             sub = self._ticking.sub_trie(self._vocab)
-            mask = base & self._counted_walk(sub, self._byte_class.astype(self._dtype)[sub.node_byte], state, room)
+            if self._walker is None:
+                mask = base & self._counted_walk(sub, self._byte_class.astype(self._dtype)[sub.node_byte], state, room)
+            else:
+                if self._tick_walker is None:
+                    self._tick_walker = _native.automata().walker(
+                        self._tflat, self._n_classes, self._byte_class, sub, self._n_words, self._accepting,
+                        self._eos, self._special_ids_arr.tolist(), self._special_cls_arr.tolist())
+                effect, need_flags = self._counted_inputs()
+                words, _ = self._tick_walker.counted(effect, need_flags, state, room)
+                mask = base & (words.view(np.int32) | self._ticking.outside_words(self._n_words))
         # A narrow state's walk in C, depth first over its few live nodes (0.05-2.2 ms against 1.6-5.6 ms); a wide one
         # (a string's content: most of the trie live) by numpy depth by depth, which reads the trie in order (a
         # content state with room 8-120: 12-19 ms a row, the depth-first walk 14-31 ms)
         elif self._walker is not None and self._walker.first_live(state) <= _BATCH_MAX_FIRST:
-            if self._counted_args is None:
+            if self._outside_words is None:
                 outside = np.ones(self._n_words * 32, bool)  # the tokens no trie node spells keep the plain row's bit
                 outside[self._trie.term_tokens] = False
-                self._counted_args = (np.ascontiguousarray(self._eff_flat, dtype=np.int8),
-                                      np.ascontiguousarray(self._need_ticks(), dtype=np.uint8),
-                                      np.packbits(outside, bitorder="little").view(np.int32))
-            effect, need_flags, outside_words = self._counted_args
+                self._outside_words = np.packbits(outside, bitorder="little").view(np.int32)
+            effect, need_flags = self._counted_inputs()
             words, _ = self._walker.counted(effect, need_flags, state, room)
-            mask = base & (words.view(np.int32) | outside_words)
+            mask = base & (words.view(np.int32) | self._outside_words)
         else:
             mask = base & self._counted_walk(self._trie, self._node_cls, state, room)
         with self._lock:
             row = self._counted_rows[key] = self._insert_row(mask)
         return row
+
+    def _counted_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The C counted walk's effect (int8) and need (uint8) tables, contiguous, made on first use."""
+        if self._counted_args is None:
+            self._counted_args = (np.ascontiguousarray(self._eff_flat, dtype=np.int8),
+                                  np.ascontiguousarray(self._need_ticks(), dtype=np.uint8))
+        return self._counted_args
 
     def _counted_walk(self, trie: _Trie, node_cls: np.ndarray, state: int, room: int) -> np.ndarray:
         """The words (int32) of a counted row's bits over `trie`'s tokens, by numpy depth by depth: a token's bit is
