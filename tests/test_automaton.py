@@ -308,3 +308,29 @@ def test_glue_all_writes_what_pairwise_gluing_gives():
         if one is not None:
             assert np.array_equal(one.table, two.table) and np.array_equal(one.accepting, two.accepting), order
             assert one.start == two.start, order
+
+
+@settings(max_examples=150, deadline=None)
+@given(EXPRS, EXPRS)
+def test_shortest_text_is_the_shortest_accepted_string(expr_and_regex, other):
+    """`fa.shortest_text` (read off the expression tree, before any compile) is exact for bytes, concatenations, unions
+    and repetitions, also over compiled parts, and a lower bound through intersections and differences."""
+    expr = expr_and_regex[0]
+    dfa = fa.compile(expr)
+    exact = fa.NO_TEXT if dfa.is_empty else int(fa.shortest_distances(dfa)[dfa.start])
+    assert fa.shortest_text(expr) == exact
+    assert fa.shortest_text(fa.concat(dfa, fa.literal(b"xy"))) == min(exact + 2, fa.NO_TEXT)
+    for combined in (fa.intersect(expr, other[0]), fa.difference(expr, other[0])):
+        got = fa.compile(combined)
+        if not got.is_empty:
+            assert fa.shortest_text(combined) <= int(fa.shortest_distances(got)[got.start])
+
+
+def test_has_markers_finds_markers_at_any_depth():
+    item = fa.union(fa.literal(b"ab"), fa.repeat(fa.concat(fa.literal(b"c"), fa.special(5)), 0))
+    assert not fa.has_markers(item) and not fa.has_markers(fa.compile(item))
+    counted = fa.concat(fa.literal(b'"'), fa.counted_chars(600, fa.byte_set([(97, 122)])), fa.literal(b'"'),
+                        fa.counted_close())
+    for expr in (counted, fa.repeat(fa.union(item, counted), 0, 3), fa.intersect(fa.repeat(fa.ANY_CHAR, 0), counted)):
+        assert fa.has_markers(expr)
+    assert fa.has_markers(fa.compile(counted))
