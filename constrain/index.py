@@ -207,21 +207,25 @@ def _tick_tokens(trie: _Trie, byte_set: np.ndarray) -> _TickTokens:
 
 def _tick_gap(transitions: np.ndarray, effect: np.ndarray, cap: int) -> int:
     """The fewest bytes from a state right after a tick to the next tick inside the same counter (that tick's byte
-    included), or `cap` when it is `cap` or more (at most `cap` rounds over the table)."""
-    n = transitions.shape[0]
-    live = transitions >= 0
-    tick = (effect == EFFECT_TICK) & live
-    after = transitions[tick]
-    if not after.size:
+    included), or `cap` when it is `cap` or more: breadth first from the states after a tick, at most `cap` levels of
+    a few states each (a relaxation over the whole table took 0.46 ms on the 404 states of an array of tool calls)."""
+    tick = (effect == EFFECT_TICK) & (transitions >= 0)
+    frontier = np.unique(transitions[tick])
+    if not frontier.size:
         return cap
-    dist = np.append(np.where(tick.any(axis=1), 1, cap), cap)  # the last entry: where a transition leaves
-    onward = np.where((effect == EFFECT_NONE) & live, transitions, n)  # (closing or opening leaves the counter)
-    for _ in range(cap):
-        nearer = np.minimum(dist[:n], np.minimum(dist[onward].min(axis=1) + 1, cap))
-        if (nearer == dist[:n]).all():
-            break
-        dist[:n] = nearer
-    return int(dist[after].min())
+    seen = np.zeros(transitions.shape[0], bool)
+    seen[frontier] = True
+    for d in range(1, cap):
+        if tick[frontier].any():
+            return d
+        step = transitions[frontier]
+        nxt = step[(effect[frontier] == EFFECT_NONE) & (step >= 0)]  # (closing or opening leaves the counter)
+        nxt = np.unique(nxt[~seen[nxt]])
+        if not nxt.size:
+            return cap
+        seen[nxt] = True
+        frontier = nxt
+    return cap
 
 
 _BRACKETS: "weakref.WeakKeyDictionary[_Trie, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
