@@ -138,18 +138,24 @@ _FEW_TICK_BYTES = 16
 _TICKS: "weakref.WeakKeyDictionary[_Trie, dict[bytes, _TickTokens]]" = weakref.WeakKeyDictionary()
 
 
+def _bytes_on_path(trie: _Trie, hit: np.ndarray) -> np.ndarray:
+    """Per trie node, how many nodes on its path from the root (itself included) `hit` marks (bool [n_nodes])."""
+    ds = trie.depth_start
+    hit = hit.astype(np.int64)
+    count = np.zeros(trie.n_nodes, np.int64)
+    for d in range(trie.max_depth):  # nodes by depth: a node's count is its parent's plus its own byte
+        lo, hi = ds[d], ds[d + 1]
+        count[lo:hi] = hit[lo:hi] + (count[ds[d - 1] + trie.parent_local[lo:hi]] if d else 0)
+    return count
+
+
 class _TickTokens:
     """The tokens of a vocabulary that hold a byte of a small set (an array's comma), made once per (trie, set):
     on Llama 3 861 tokens of 12 bytes at most, those with two commas or more 8 bytes at most."""
 
     def __init__(self, trie: _Trie, byte_set: np.ndarray):
         ds = trie.depth_start
-        count = np.zeros(trie.n_nodes, np.int64)
-        hit = byte_set[trie.node_byte].astype(np.int64)
-        for d in range(trie.max_depth):  # nodes by depth: a node's count is its parent's plus its own byte
-            lo, hi = ds[d], ds[d + 1]
-            count[lo:hi] = hit[lo:hi] + (count[ds[d - 1] + trie.parent_local[lo:hi]] if d else 0)
-        per_token = count[trie.term_node]
+        per_token = _bytes_on_path(trie, byte_set[trie.node_byte])[trie.term_node]
         held = per_token > 0
         self.ids = trie.term_tokens[held].astype(np.int64)  # the tokens that hold one or more
         self.most = int(per_token.max()) if per_token.size else 0  # the most one token holds
@@ -238,14 +244,9 @@ def _brackets(vocab: Any, trie: _Trie) -> tuple[np.ndarray, np.ndarray]:
         hit = _BRACKETS.get(trie)
     if hit is not None:
         return hit
-    ds = trie.depth_start
     out = []
     for byte_set in (b"]}", b"[{"):
-        hit = np.isin(trie.node_byte, np.frombuffer(byte_set, np.uint8)).astype(np.int64)
-        count = np.zeros(trie.n_nodes, np.int64)
-        for d in range(trie.max_depth):  # nodes by depth: a node's count is its parent's plus its own byte
-            lo, hi = ds[d], ds[d + 1]
-            count[lo:hi] = hit[lo:hi] + (count[ds[d - 1] + trie.parent_local[lo:hi]] if d else 0)
+        count = _bytes_on_path(trie, np.isin(trie.node_byte, np.frombuffer(byte_set, np.uint8)))
         per_token = np.zeros(int(vocab.n_tokens), np.int64)  # (the trie holds byte tokens only)
         per_token[trie.term_tokens] = count[trie.term_node]
         out.append(per_token)
