@@ -513,7 +513,7 @@ def counted_tick() -> Expr:
 
 def has_markers(expr: Expr, memo: dict[int, bool] | None = None) -> bool:
     """Whether `expr` spells counted-string or counted-array markers (a walk of the tree, memoised by identity: the
-    digests of `_describe` cost ~7 us a node, 0.7 ms on an item of 5 tool calls)."""
+    digests of `_describe` took 0.12 ms on an item of 5 tool calls, this walk 0.045 ms)."""
     memo = {} if memo is None else memo
     hit = memo.get(id(expr))
     if hit is not None:
@@ -595,7 +595,7 @@ def counter_tick_bytes(dfa: "Dfa", counters: "Counters") -> list[np.ndarray]:
     n = trans.shape[0]
     live = trans >= 0
     ticks = (effect == EFFECT_TICK) & live
-    if len(counters.limits) == 1:  # every tick is one of its counters' (the search below: 1.8 ms on 400 states)
+    if len(counters.limits) == 1:  # every tick is one of its counters' (the search below: 1.8 ms under the profiler on 400 states)
         return [ticks.any(axis=0)[class_of]]
     inside = ((effect == EFFECT_NONE) | (effect == EFFECT_TICK)) & live  # closing and opening transitions leave
     out = []
