@@ -1147,6 +1147,40 @@ int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int
 
 /* ---- fewest tokens to acceptance (a bound) ---- */
 
+/* The fewest bytes from a state right after a tick (a live transition whose effect is `tick`) to the next tick, the
+   bytes between stepping on transitions whose effect is `none` only (the same counter) and that tick's byte counted;
+   with `from` >= 0, from that state instead; `cap` when it is `cap` or more; -1 when out of memory. Breadth first:
+   the first state met with a tick is nearest. */
+int32_t constrain_tick_gap(int32_t n, int32_t k, const int32_t *trans, const int8_t *effect, int32_t cap, int8_t tick,
+                           int8_t none, int32_t from) {
+    int32_t *queue = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *dist = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
+    uint8_t *seen = (uint8_t *)calloc((size_t)n + 1, 1);
+    int32_t out = -1, head = 0, tail = 0;
+    if (!queue || !dist || !seen) goto done;
+    out = cap;
+    if (from >= 0) { seen[from] = 1; queue[tail] = from; dist[tail++] = 1; }
+    else for (int64_t x = 0; x < (int64_t)n * k; x++) {
+        int32_t t = trans[x];
+        if (t >= 0 && effect[x] == tick && !seen[t]) { seen[t] = 1; queue[tail] = t; dist[tail++] = 1; }
+    }
+    while (head < tail) {
+        int32_t s = queue[head], d = dist[head++];
+        if (d >= cap) break;
+        const int32_t *row = trans + (int64_t)s * k;
+        const int8_t *eff = effect + (int64_t)s * k;
+        for (int32_t j = 0; j < k; j++)
+            if (row[j] >= 0 && eff[j] == tick) { out = d; goto done; }
+        for (int32_t j = 0; j < k; j++) {
+            int32_t t = row[j];
+            if (t >= 0 && eff[j] == none && !seen[t]) { seen[t] = 1; queue[tail] = t; dist[tail++] = d + 1; }
+        }
+    }
+done:
+    free(queue); free(dist); free(seen);
+    return out;
+}
+
 /* bound[s]: an upper bound on the fewest tokens from state s to acceptance, or `none`. Breadth-first backwards
    over the classes with use[c] != 0 (each taken by one byte that is a token by itself, rep[c] >= 0, or a special
    symbol, rep[c] = -1) gives every state a shortest path to acceptance, next[s] its next state; then, states in order
@@ -1556,6 +1590,10 @@ class NativeAutomata:
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
+        self._tick_gap = lib.constrain_tick_gap
+        self._tick_gap.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, ctypes.c_int8, ctypes.c_int8,
+                                   ctypes.c_int32]
+        self._tick_gap.restype = ctypes.c_int32
 
     def determinise(
         self,
@@ -1715,6 +1753,19 @@ class NativeAutomata:
             raise MemoryError("the native minimisation ran out of memory")
         return out.astype(np.int64), n_blocks
 
+
+    def tick_gap(self, trans: np.ndarray, effect: np.ndarray, cap: int, tick: int, none: int, start: int = -1) -> int:
+        """`index._tick_gap` in C: the fewest bytes from a state right after a `tick` transition (from `start`, if
+        given) to the next one, that tick's byte included, stepping on `none` transitions in between, or `cap` when it
+        is `cap` or more (`effect`: int8, the shape of `trans`)."""
+        trans = np.ascontiguousarray(trans, dtype=np.int32)
+        effect = np.ascontiguousarray(effect, dtype=np.int8)
+        n, k = trans.shape
+        gap = int(self._tick_gap(n, k, trans.ctypes.data, effect.ctypes.data, int(cap), int(tick), int(none),
+                                 int(start)))
+        if gap < 0:
+            raise MemoryError("the native tick gap ran out of memory")
+        return gap
 
     def walker(self, tflat: np.ndarray, n_classes: int, byte_class: np.ndarray, trie, n_words: int,
                accepting: np.ndarray, eos: Sequence[int], specials: Sequence[int], special_classes: Sequence[int]

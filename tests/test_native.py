@@ -871,11 +871,16 @@ def test_counted_array_rows_from_the_comma_tokens_equal_the_full_walks(schema, v
     by_numpy._walker = None  # the comma tokens walked by numpy
     full._ticking, full._walker = None, None
     rng = np.random.default_rng(len(json.dumps(schema)))
-    for state, room in zip(rng.integers(0, index._n_states, 40).tolist(), rng.integers(0, 6, 40).tolist()):
+    for state, room in zip(range(index._n_states), rng.integers(0, 6, index._n_states).tolist()):
         expected = full._row_words(full._counted_row(state, room, None))
         for got in (index, by_numpy):
             assert np.array_equal(got._row_words(got._counted_row(state, room, None)), expected), (state, room)
     assert index._tick_walker is not None and by_numpy._tick_walker is None
+    # states farther from a tick than the longest comma token take the plain row without a walk (all three agree)
+    far = [s for s, is_far in index._far.items() if is_far]
+    assert far and len(far) < index._n_states and not full._far
+    for state in far:
+        assert index._counted_row(state, 1, None) == index.row_for_state(state)
     effect = np.ascontiguousarray(index._eff_flat, dtype=np.int8)
     need = np.ascontiguousarray(index._need_ticks(), dtype=np.uint8)
     most = max(index._walker.counted(effect, need, s, 10**6)[1] for s in range(index._n_states))
@@ -883,3 +888,28 @@ def test_counted_array_rows_from_the_comma_tokens_equal_the_full_walks(schema, v
     assert 1 <= most <= near
     if "properties" in schema["items"] and "name" in schema["items"]["properties"]:
         assert most == near == 1  # items of 20 bytes or more: one comma a token
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_gap_between_ticks_agrees_with_a_plain_search(seed):
+    # `index._tick_gap` (C) and its numpy walk: the fewest bytes from a state right after a tick to the next tick,
+    # stepping only on transitions that neither tick nor open or close a counter in between, capped
+    rng = np.random.default_rng(900 + seed)
+    n, k = int(rng.integers(1, 120)), int(rng.integers(1, 6))
+    trans = np.where(rng.random((n, k)) < 0.5, rng.integers(0, n, (n, k)), -1).astype(np.int32)
+    effect = rng.choice([fa.EFFECT_NONE] * 6 + [fa.EFFECT_TICK, fa.EFFECT_CLOSE, fa.EFFECT_OPEN], (n, k)).astype(np.int8)
+    ticks = (effect == fa.EFFECT_TICK) & (trans >= 0)
+    for cap in (1, 2, 5, 40):
+        best = cap
+        for s in {int(t) for t in trans[ticks]}:  # from each state after a tick: the oracle shares no code with either
+            seen, frontier, level = {s}, [s], 1
+            while frontier and level < best:
+                if any(ticks[t].any() for t in frontier):
+                    best = level
+                    break
+                frontier = [d for t in frontier for c in range(k) if effect[t, c] == fa.EFFECT_NONE
+                            and (d := int(trans[t, c])) >= 0 and d not in seen and not seen.add(d)]
+                level += 1
+        assert native.automata().tick_gap(trans, effect, cap, fa.EFFECT_TICK, fa.EFFECT_NONE) == best
+        assert cindex._tick_gap_numpy(trans, effect, cap) == best
+        assert cindex._tick_gap(trans, effect, cap) == best
