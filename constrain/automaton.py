@@ -580,6 +580,52 @@ def shortest_text(expr: Expr, memo: dict[int, int] | None = None) -> int:
     return out
 
 
+def measure(expr: Expr) -> tuple[int, int, bool]:
+    """`(size(expr), shortest_text(expr), has_markers(expr))` in one walk of the tree (the three walks took 0.33 ms
+    on an item of 5 tool calls, this one ~0.1 ms)."""
+    return _measure(expr, {})
+
+
+def _measure(expr: Expr, memo: dict[int, tuple[int, int, bool]]) -> tuple[int, int, bool]:
+    hit = memo.get(id(expr))
+    if hit is not None:
+        return hit
+    if isinstance(expr, _Bytes):
+        return 1, 1 if expr.mask else NO_TEXT, False
+    if isinstance(expr, _Special):
+        out = (1, 0, expr.symbol_id < 0)
+    elif isinstance(expr, (_Concat, _Union)):
+        size, short, markers = 1, 0 if isinstance(expr, _Concat) else NO_TEXT, False
+        concat = isinstance(expr, _Concat)
+        for p in expr.parts:
+            if type(p) is _Bytes:
+                size += 1
+                n = 1 if p.mask else NO_TEXT
+            else:
+                ps, n, pm = _measure(p, memo)
+                size += ps
+                markers = markers or pm
+            short = short + n if concat else min(short, n)
+        out = (size, min(short, NO_TEXT), markers)
+    elif isinstance(expr, Dfa):
+        out = (expr.n_states, shortest_text(expr), any(sid < 0 for sid in expr.specials))
+    elif isinstance(expr, _Repeat):
+        size, short, markers = _measure(expr.body, memo)
+        copies = expr.lo + (1 if expr.hi is None else expr.hi - expr.lo)
+        out = (1 + size * copies, 0 if expr.lo == 0 else min(short * expr.lo, NO_TEXT), markers)
+    elif isinstance(expr, (_Intersect, _Difference)):
+        (a_size, a_short, a_markers), (b_size, b_short, b_markers) = _measure(expr.a, memo), _measure(expr.b, memo)
+        short = max(a_short, b_short) if isinstance(expr, _Intersect) else a_short
+        out = (a_size + b_size, short, a_markers or b_markers)
+    elif isinstance(expr, _Substitute):
+        parts = [_measure(expr.body, memo)] + [_measure(e, memo) for _, e in expr.mapping]
+        out = (sum(m[0] for m in parts), 0, any(m[2] for m in parts))
+    else:
+        raise TypeError(f"not an automaton expression: {expr!r}")
+    memo[id(expr)] = out
+    return out
+
+
 def size(expr: Expr) -> int:
     """An estimate of the automaton `expr` builds (`_size`: symbol edges; a compiled part counts its states)."""
     return _size(expr, {})

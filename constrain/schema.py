@@ -51,14 +51,16 @@ DEEPEN_FROM_SHARE = 16
 COUNTED_MIN_ITEMS = 100
 # A shorter array is counted too when the copies unrolling would add are heavy (maxItems - minItems times the item's
 # estimated automaton, `fa.size`, at least COUNTED_UNROLLED_SIZE) and maxItems - 1 lies beyond the most commas one
-# token could count between two items. Schema -> first mask on Llama 3, an array of 1..n of the anyOf of 5 BFCL call
-# objects (size 793; 404 states counted, 402n + 2 unrolled): counted 6.0-7.0 ms at every n, unrolled 6.4 (n = 5),
-# 7.4 (10), 9.2 (20), 15.6 ms (50); the crossover lies near n = 6, where the copies weigh about 4,000. A token holds
-# at most COUNTED_MOST_COMMAS commas, and one with two or more at most COUNTED_COMMA_TOKEN_BYTES bytes (measured on 14
-# vocabularies: Llama 3, Qwen3, GPT-2, StarCoder 8 commas, Gemma 4 4, Tekken and Phi-3 2; such tokens 8 bytes at
-# most: 12 leaves a margin), while two counted commas lie an item and a comma apart. `TokenIndex` bounds the ticks
-# per token for its vocabulary and automaton, and refuses a counter it could not keep.
-COUNTED_UNROLLED_SIZE = 4096
+# token could count between two items. Schema -> first mask on Llama 3 (session 27, counted and unrolled interleaved,
+# medians of 10), arrays of 1..n of the anyOf of k BFCL call objects (k = 1, 2, 3, 5: size 304, 485, 589, 793):
+# counted / unrolled 0.78-0.92 from a weight ((n - 1) * size) of 1,216 up (k = 1, n = 5 .. k = 5, n = 8: 0.70), 0.92
+# at 970 (k = 2, n = 3), 0.98 at 1,178 and 1.04 at 1,586 (k = 3 and 5, n = 3); parallel_1to5_of_5 (1..5 of k = 5,
+# 3,172) 0.92. A token holds at most COUNTED_MOST_COMMAS commas, and one with two or more at most
+# COUNTED_COMMA_TOKEN_BYTES bytes (measured on 14 vocabularies: Llama 3, Qwen3, GPT-2, StarCoder 8 commas, Gemma 4 4,
+# Tekken and Phi-3 2; such tokens 8 bytes at most: 12 leaves a margin), while two counted commas lie an item and a
+# comma apart. `TokenIndex` bounds the ticks per token for its vocabulary and automaton, and refuses a counter it
+# could not keep.
+COUNTED_UNROLLED_SIZE = 2048
 COUNTED_MOST_COMMAS = 8
 COUNTED_COMMA_TOKEN_BYTES = 12
 # `uniqueItems` is enforced for items of at most this many distinct values: the automaton keeps which were written
@@ -2215,7 +2217,7 @@ class _Compiler:
             if distinct is not None:
                 return distinct
         if (self.may_count() and not prefix_exprs and "contains" not in schema and hi is not None
-                and rest != fa.NOTHING and self.counts_items(rest, lo, hi) and not fa.has_markers(rest)):
+                and rest != fa.NOTHING and self.counts_items(fa.measure(rest), lo, hi)):
             return self.counted_array(rest, lo, hi, pointer)
         if "contains" in schema:
             counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
@@ -2252,14 +2254,18 @@ class _Compiler:
         return self.counters and not self.negations and type(self.syntax) is JsonSyntax
 
     @staticmethod
-    def counts_items(item: fa.Expr, lo: int, hi: int) -> bool:
-        """Whether an array of `lo`..`hi` `item`s is counted (`counted_array`) rather than unrolled: many optional
-        items, or a few heavy ones with room for the most commas one token may count (see COUNTED_UNROLLED_SIZE)."""
+    def counts_items(item: tuple[int, int, bool], lo: int, hi: int) -> bool:
+        """Whether an array of `lo`..`hi` items is counted (`counted_array`) rather than unrolled: many optional
+        items, or a few heavy ones with room for the most commas one token may count (see COUNTED_UNROLLED_SIZE);
+        never items that count themselves. `item`: its `fa.measure` (size, shortest text, markers)."""
+        size, shortest, markers = item
+        if markers:
+            return False
         if hi - lo >= COUNTED_MIN_ITEMS:
             return True
-        if hi - lo < 2 or (hi - lo) * fa.size(item) < COUNTED_UNROLLED_SIZE:
+        if hi - lo < 2 or (hi - lo) * size < COUNTED_UNROLLED_SIZE:
             return False
-        apart = fa.shortest_text(item) + 1  # from one counted comma to the next: an item, then a comma
+        apart = shortest + 1  # from one counted comma to the next: an item, then a comma
         most = min(COUNTED_MOST_COMMAS, 1 + (COUNTED_COMMA_TOKEN_BYTES - 1) // apart)
         return hi - 1 > most
 

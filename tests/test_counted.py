@@ -358,12 +358,12 @@ def test_a_few_heavy_items_are_counted_with_the_unrolled_masks(vocab_name, seed,
 
 
 def test_a_few_light_or_tight_items_are_unrolled(monkeypatch):
-    def counted(items, hi):
-        return fa.has_counters(compile_schema({"type": "array", "items": items, "maxItems": hi}).dfa)
+    def counted(items, hi, lo=0):
+        return fa.has_counters(compile_schema({"type": "array", "items": items, "minItems": lo, "maxItems": hi}).dfa)
 
     assert not counted({"type": "integer"}, 8)  # a small item: unrolled copies cost little
-    # CALL_ITEM weighs 799 (`fa.size`): counted from (maxItems - minItems) * 799 >= 4,096
-    assert [hi for hi in (5, 6, 7, 8) if counted(CALL_ITEM, hi)] == [6, 7, 8]
+    # CALL_ITEM weighs 799 (`fa.size`): counted from (maxItems - minItems) * 799 >= 2,048
+    assert [hi for hi in (3, 4, 5, 8) if counted(CALL_ITEM, hi, lo=1)] == [4, 5, 8]
     monkeypatch.setattr(schema_module, "COUNTED_UNROLLED_SIZE", 0)
     # items of 31 bytes at least: one comma a token, so a bound of one comma is left unrolled
     assert [hi for hi in (2, 3) if counted(CALL_ITEM, hi)] == [3]
