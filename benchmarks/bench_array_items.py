@@ -2,11 +2,12 @@
 
 `parallel_1to5_of_5` (bench_engine.py) is an array of 1..5 call objects over 5 BFCL tools; its item is the `anyOf`
 of the 5 call objects. xgrammar writes the array as a repetition over the item's rules, so both cost it about the
-same. constrain unrolls the copies of the item's automaton while they weigh little (1..5: 2,012 states), and counts
-the items beside the automaton once unrolling would weigh more (`schema.COUNTED_UNROLLED_SIZE`: 1..10 and 1..20
-keep the item's 404 states). For each vocabulary, TTFM (schema -> compiled -> first mask, cold: no sub-automaton kept
-between compiles) of the item and of arrays of 1..5, 1..10 and 1..20 of it, both engines' compiles interleaved,
-`--repeats` rounds after one untimed; prints the medians and each array's cost over the item.
+same. constrain unrolls the copies of the item's automaton while they weigh little, and counts the items beside
+the automaton once unrolling would weigh more (`schema.COUNTED_UNROLLED_SIZE`: since session 27 all three arrays
+here, 1..5 included, keep the item's 407 states; 1..5 was unrolled to 2,012 before). For each vocabulary, TTFM
+(schema -> compiled -> first mask, cold: no sub-automaton kept between compiles) of the item and of arrays of 1..5,
+1..10 and 1..20 of it, both engines' compiles interleaved, `--repeats` rounds after one untimed; prints the medians
+and each array's cost over the item.
 
 Usage: python benchmarks/bench_array_items.py [--quick] [--vocabs llama3,qwen3,gemma4] [--repeats 15] [--json PATH]
        (--quick, as CI runs it: llama3, 2 rounds)
