@@ -2146,7 +2146,7 @@ def _loop(x: _Glued, sep: _Glued) -> _Glued | None:
 
     Written in one pass: x's states keep their numbers, sep's follow but for its start when nothing in sep enters it
     and its accepting states with no step of their own, which are x's start itself (their entries go there). Items
-    of 5 tool calls (402 states): 190 -> 45 us (a glue, then a redirect and a renumbering of the whole table)."""
+    of 5 tool calls (402 states): 190 -> 77 us (a glue, then a redirect and a renumbering of the whole table)."""
     if sep.accepting[sep.start]:
         return None
     xt, st = x.table, sep.table

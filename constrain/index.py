@@ -899,7 +899,7 @@ class TokenIndex:
         far = self._far.get(state)
         if far is None:
             lib = _native.automata()
-            if lib is None or self._dtype is not np.int32:
+            if lib is None:
                 return False
             cap = self._ticking.longest + 1
             far = lib.tick_gap(self._plain.transitions, self._counters.effect, cap, EFFECT_TICK, EFFECT_NONE,
