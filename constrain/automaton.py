@@ -2234,8 +2234,6 @@ def _compose(expr: Expr, budget: _Budget, memo: _Memo) -> Dfa | Expr | None:
         return _size(e, sizes) >= _COMPOSE_MIN
 
     def compiled(items: list[Expr], join) -> Dfa:
-        if join is _Concat and all(type(p) in (_Bytes, _Special) for p in items):
-            return _chain(items, budget)  # (a run of bytes and markers: built directly, no digest or shared cache)
         return _compile(items[0] if len(items) == 1 else join(tuple(items)), budget, memo)
 
     if isinstance(expr, _Repeat):
