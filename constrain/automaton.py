@@ -511,78 +511,26 @@ def counted_tick() -> Expr:
     return special(MARK_TICK)
 
 
-def has_markers(expr: Expr, memo: dict[int, bool] | None = None) -> bool:
-    """Whether `expr` spells counted-string or counted-array markers (a walk of the tree, memoised by identity: the
-    digests of `_describe` took 0.12 ms on an item of 5 tool calls, this walk 0.045 ms)."""
-    memo = {} if memo is None else memo
-    hit = memo.get(id(expr))
-    if hit is not None:
-        return hit
-    if isinstance(expr, _Bytes):
-        return False
-    if isinstance(expr, _Special):
-        out = expr.symbol_id < 0
-    elif isinstance(expr, Dfa):
-        out = any(sid < 0 for sid in expr.specials)
-    elif isinstance(expr, (_Concat, _Union)):
-        out = any(type(p) is not _Bytes and has_markers(p, memo) for p in expr.parts)
-    elif isinstance(expr, _Repeat):
-        out = has_markers(expr.body, memo)
-    elif isinstance(expr, (_Intersect, _Difference)):
-        out = has_markers(expr.a, memo) or has_markers(expr.b, memo)
-    elif isinstance(expr, _Substitute):
-        out = has_markers(expr.body, memo) or any(has_markers(e, memo) for _, e in expr.mapping)
-    else:
-        raise TypeError(f"not an automaton expression: {expr!r}")
-    memo[id(expr)] = out
-    return out
+def has_markers(expr: Expr) -> bool:
+    """Whether `expr` spells counted-string or counted-array markers (`measure`'s walk of the tree)."""
+    return measure(expr)[2]
 
 
 NO_TEXT = 1 << 62  # `shortest_text` of a language without strings
 
 
-def shortest_text(expr: Expr, memo: dict[int, int] | None = None) -> int:
-    """A lower bound on the bytes of the strings of `expr`, memoised by identity: exact for bytes, concatenations,
-    unions, repetitions and automata without special symbols; the larger side's bound for an intersection, the first
-    operand's for a difference, 0 for an automaton with special symbols; NO_TEXT where there is no string."""
-    memo = {} if memo is None else memo
-    hit = memo.get(id(expr))
-    if hit is not None:
-        return hit
-    if isinstance(expr, _Bytes):
-        return 1 if expr.mask else NO_TEXT
-    if isinstance(expr, _Special):
-        out = 0
-    elif isinstance(expr, Dfa):
-        if expr.is_empty:
-            out = NO_TEXT
-        elif expr.specials:
-            out = 0
-        else:
-            d = int(shortest_distances(expr)[expr.start])
-            out = NO_TEXT if d == np.iinfo(np.int64).max else d
-    elif isinstance(expr, _Concat):
-        out = min(sum(shortest_text(p, memo) for p in expr.parts), NO_TEXT)
-    elif isinstance(expr, _Union):
-        out = min((shortest_text(p, memo) for p in expr.parts), default=NO_TEXT)
-    elif isinstance(expr, _Repeat):
-        body = shortest_text(expr.body, memo)
-        out = 0 if expr.lo == 0 else min(body * expr.lo, NO_TEXT)
-    elif isinstance(expr, _Intersect):
-        out = max(shortest_text(expr.a, memo), shortest_text(expr.b, memo))
-    elif isinstance(expr, _Difference):
-        out = shortest_text(expr.a, memo)
-    elif isinstance(expr, _Substitute):
-        out = 0
-    else:
-        raise TypeError(f"not an automaton expression: {expr!r}")
-    memo[id(expr)] = out
-    return out
+def shortest_text(expr: Expr) -> int:
+    """A lower bound on the bytes of the strings of `expr` (`measure`'s walk of the tree): exact for bytes,
+    concatenations, unions, repetitions and automata without special symbols; the larger side's bound for an
+    intersection, the first operand's for a difference, 0 for an automaton with special symbols or a substitution;
+    NO_TEXT where there is no string."""
+    return measure(expr)[1]
 
 
 def measure(expr: Expr) -> tuple[int, int, bool]:
-    """`(size(expr), shortest_text(expr), has_markers(expr))` in one walk of the tree (the three walks took 0.33 ms
-    on an item of 5 tool calls, this one ~0.1 ms)."""
+    """`(size(expr), shortest_text(expr), has_markers(expr))` in one walk of the tree, memoised by identity (three
+    separate walks took 0.33 ms on an item of 5 tool calls, this one ~0.1 ms). Its size is `_size`'s estimate, written
+    again here so that one walk gives all three (`_size` keeps its own memo for the compiler's part sizes)."""
     return _measure(expr, {})
 
 
@@ -608,7 +556,14 @@ def _measure(expr: Expr, memo: dict[int, tuple[int, int, bool]]) -> tuple[int, i
             short = short + n if concat else min(short, n)
         out = (size, min(short, NO_TEXT), markers)
     elif isinstance(expr, Dfa):
-        out = (expr.n_states, shortest_text(expr), any(sid < 0 for sid in expr.specials))
+        if expr.is_empty:
+            short = NO_TEXT
+        elif expr.specials:
+            short = 0
+        else:
+            d = int(shortest_distances(expr)[expr.start])
+            short = NO_TEXT if d == np.iinfo(np.int64).max else d
+        out = (expr.n_states, short, any(sid < 0 for sid in expr.specials))
     elif isinstance(expr, _Repeat):
         size, short, markers = _measure(expr.body, memo)
         copies = expr.lo + (1 if expr.hi is None else expr.hi - expr.lo)
