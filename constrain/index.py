@@ -540,6 +540,15 @@ class TokenIndex:
             # every counter ticks on a few bytes (arrays): a counted row walks only the tokens that hold one
             union = np.logical_or.reduce(per_limit) if per_limit else None
             self._ticking = _tick_tokens(trie, union) if union is not None and union.sum() <= _FEW_TICK_BYTES else None
+        # The cursor walks a token without counting when none of its bytes has an effect anywhere (an array of tool
+        # calls: all but the tokens holding ',', '[' or ']'): the plain walk, as without counters. Per token, on first
+        # sight: 0 unknown, 1 quiet, 2 counts. Counted strings (most bytes count) and deep values always count.
+        self._quiet_bytes: bytes | None = None
+        if counters is not None and counters.refill is None:
+            loud = (counters.effect != EFFECT_NONE).any(axis=0)[class_of[:256]]
+            if loud.sum() <= _FEW_TICK_BYTES:
+                self._quiet_bytes = bytes(np.flatnonzero(~loud).tolist())
+                self._loud = bytearray(int(vocab.n_tokens))
         # Deep values (`fa.nested_values`): the cursor keeps the container kinds spilled past the automaton's window;
         # a mask is its state's row but for the tokens with at least `window` closing brackets, walked with the stack
         # (`_stack_row`).
@@ -890,6 +899,14 @@ class TokenIndex:
         with self._lock:
             row = self._counted_rows[key] = self._insert_row(mask)
         return row
+
+    def _counts(self, t: int, data: bytes) -> bool:
+        """Whether token `t` (bytes `data`) holds a byte with an effect (`_quiet_bytes` set), decided on its first
+        sight."""
+        seen = self._loud[t]
+        if not seen:
+            seen = self._loud[t] = 2 if data.translate(None, self._quiet_bytes) else 1
+        return seen == 2
 
     def _far_from_ticks(self, state: int) -> bool:
         """Whether every path from `state` to a tick of its counter is longer than the longest token holding a tick
@@ -1881,7 +1898,8 @@ class TokenState:
             self._violation(t, "a token without bytes (an unused slot)")
         cl = idx._cls_list
         stack = self._stack
-        if idx._counters is not None:
+        counts = idx._counters is not None and (idx._quiet_bytes is None or idx._counts(t, data))
+        if counts:
             s, count, limit, stack = self._counted_walk(t, data, s)
         elif idx._stepper is not None and len(data) >= _C_STEP_BYTES:
             s = idx._stepper.plain(data, s)
@@ -1892,6 +1910,9 @@ class TokenState:
                 s = tr[s * k + cl[b]]
                 if s < 0:
                     self._violation(t, f"the automaton dies on byte {b:#04x}")
+        if not counts and self._count == self._limit and idx._need_ticks()[s]:  # (`_counted_walk`'s last check)
+            self._violation(t, f"it ends where its counter needs a count that its bound ({self._limit}) leaves no "
+                               f"room for")
         if budget is not None and idx._stacked:
             words = self.mask(budget)  # (deep values: the budgeted mask is the rule, see `_stack_row`)
             if not (int(words[t >> 5]) >> (t & 31)) & 1:
@@ -1900,7 +1921,7 @@ class TokenState:
         elif budget is not None and not self._fits(s, budget):
             self._over_budget(t, s, budget)
         self._state = s
-        if idx._counters is not None:
+        if counts:
             self._count, self._limit = count, limit
             self._stack = stack
 

@@ -370,3 +370,50 @@ def test_a_few_light_or_tight_items_are_unrolled(monkeypatch):
     # items of 4 bytes ('"x0"'): a token of 12 bytes might count 1 + 11 // 5 = 3 commas
     short = {"type": "string", "enum": ["a" * 40, "b" * 41] + [f"x{i}" for i in range(40)]}
     assert [hi for hi in (4, 5) if counted(short, hi)] == [5]
+
+
+def _expected_step(index, cursor, token):
+    """What advancing `cursor` by the byte token `token` must do, by `fa.walk_counted` over every byte (the counted
+    walk, whatever the token holds): `(state, count, limit)`, or None where the cursor must refuse it."""
+    data = index._vocab.token_bytes[token]
+    state, count, limit, at = fa.walk_counted(index._tr_view, index._n_classes, index._cls_list, index._eff_view,
+                                              index._limits, cursor._state, data, cursor._count, cursor._limit)
+    if at >= 0 or (0 <= limit == count and index._need_ticks()[state]):
+        return None
+    return state, count, limit
+
+
+@pytest.mark.parametrize("vocab_name,seed", [("llama3_vocab", 21), ("gemma4_vocab", 22)])
+def test_a_token_without_effect_bytes_steps_as_the_counted_walk(vocab_name, seed, request):
+    # An array's cursor walks a token that holds none of the bytes with an effect (',', '[', ']') without counting
+    # (`TokenIndex._counts`): at cursors all along random walks, every one of 3,000 random tokens (half of them
+    # holding an effect byte) steps or is refused as the counted walk of its bytes says.
+    vocab = request.getfixturevalue(vocab_name)
+    schema = {"type": "array", "items": CALL_ITEM, "minItems": 2, "maxItems": 8}
+    index = TokenIndex(compile_schema(schema).dfa, vocab)
+    assert index._counters is not None and index._quiet_bytes is not None
+    assert set(bytes(range(256))) - set(index._quiet_bytes) == set(b",[]")
+    rng = random.Random(seed)
+    tokens = [t for t in range(vocab.n_tokens) if vocab.token_bytes[t] and t not in vocab.special_ids]
+    loud = [t for t in tokens if set(vocab.token_bytes[t]) & set(b",[]")]
+    kinds = {True: 0, False: 0}
+    for _ in range(4):
+        cursor = index.start()
+        for _ in range(rng.randrange(5, 400)):
+            ids = cursor.allowed_token_ids()
+            ids = ids[ids < vocab.n_tokens]
+            if not len(ids):
+                break
+            cursor.advance(int(rng.choice(ids)))
+            if rng.random() < 0.1:
+                for t in rng.sample(tokens, 375) + rng.sample(loud, 375):
+                    expected = _expected_step(index, cursor, t)
+                    step = cursor.fork()
+                    try:
+                        step.advance(t)
+                        got = (step._state, step._count, step._limit)
+                    except MaskViolation:
+                        got = None
+                    assert got == expected, (t, vocab.token_bytes[t])
+                    kinds[index._counts(t, vocab.token_bytes[t])] += 1
+    assert kinds[True] > 500 and kinds[False] > 500
