@@ -1,11 +1,11 @@
-"""Mask kernel benchmark: `kernels.apply_token_mask` vs xgrammar's and llguidance's bitmask apply, same inputs.
+"""Mask kernel benchmark: `constrain_kernels.apply_token_mask` vs xgrammar's and llguidance's bitmask apply, same inputs.
 
 Every contender masks the same float32 logits [rows, V] with the same packed int32 masks (ours reads them through a
 mask table + row ids, the peers get the gathered [rows, n_words] bitmask); results are checked bit-equal to the
 torch reference first, then each is timed in this process (median of repeats, logits masked in place).
 Sweeps V (128256 Llama 3, 151936 Qwen3, 262144 Gemma), rows (1, 8) and mask density (one token, half, all but one).
 
-`constrain` is the dispatching entry point (CPU: `kernels.cpu_mask`, no cache: the native pass per row; CUDA:
+`constrain` is the dispatching entry point (CPU: `constrain_kernels.cpu_mask`, no cache: the native pass per row; CUDA:
 Triton); `constrain_planned` (CPU only) applies row plans cached across calls and looked up per table row, as
 `MaskProcessor` does per mask slot on CPU (the vLLM plugin asks its `PlanCache` per row); `constrain_eager` is the
 plain torch reference. Rows of one call are distinct table rows. The load average is printed and kept in the JSON:
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import apply_token_mask  # noqa: E402
-from kernels import cpu_mask, cpu_native, torch_ref  # noqa: E402
+from constrain_kernels import apply_token_mask  # noqa: E402
+from constrain_kernels import cpu_mask, cpu_native, torch_ref  # noqa: E402
 
 VOCABS = {"llama3": 128256, "qwen3": 151936, "gemma4": 262144}
 DENSITIES = ("one", "half", "all_but_one")

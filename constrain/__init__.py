@@ -17,7 +17,7 @@ from constrain.vocabulary import Vocabulary
 # Names whose modules import torch (or are heavier) load on first use.
 _LAZY = {
     "MaskProcessor": "constrain.processor",
-    "apply_token_mask": "kernels",
+    "apply_token_mask": "constrain_kernels",
     "parse_output": "constrain.parse",
 }
 

@@ -1,6 +1,6 @@
 """The two automaton passes that dominate a compile, in C: subset construction (NFA → DFA) and minimisation.
 
-Built once per machine with the system C compiler (`kernels.cbuild`) and called through ctypes, which releases the
+Built once per machine with the system C compiler (`constrain_kernels.cbuild`) and called through ctypes, which releases the
 GIL. `automata()` returns None where the library cannot be built or `CONSTRAIN_NATIVE=0`; `constrain.automaton` then
 runs its numpy/Python passes, which give the same languages (and, minimised, the same state counts): the tests
 compare both.
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kernels import cbuild
+from constrain_kernels import cbuild
 
 __all__ = ["NativeAutomata", "Reference", "Stepper", "automata", "DET_OK", "DET_STATES", "DET_TIME", "DET_CANCELLED"]
 

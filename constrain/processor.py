@@ -14,8 +14,8 @@ from transformers import LogitsProcessor
 
 from constrain.errors import MaskViolation
 from constrain.index import TokenIndex
-from kernels import UNCONSTRAINED, apply_token_mask
-from kernels.cpu_mask import PlanCache, RowPlan, apply_planned
+from constrain_kernels import UNCONSTRAINED, apply_token_mask
+from constrain_kernels.cpu_mask import PlanCache, RowPlan, apply_planned
 
 __all__ = ["MaskProcessor", "apply_token_mask"]
 
@@ -76,7 +76,7 @@ class MaskProcessor(LogitsProcessor):
 
     Device work per step is one int32 copy of the row ids and one `apply_token_mask` launch; the masks live in a table
     on the scores' device that grows only when a row reaches a mask it has not used before. CPU scores skip the table:
-    each distinct mask is planned once (`kernels.cpu_mask.PlanCache`: its allowed or blocked ids when few, else its
+    each distinct mask is planned once (`constrain_kernels.cpu_mask.PlanCache`: its allowed or blocked ids when few, else its
     words) and applied on the calling thread.
 
     A prefix that leaves the language (e.g. an assisted-decoding candidate the draft model proposed) makes its row

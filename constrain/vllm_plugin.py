@@ -183,7 +183,7 @@ class ConstrainLogitsProcessor(*_BASES):
         self._host_rows: list[np.ndarray] = []
         self._table: Any = None
         self._n_synced = 0
-        self._plans: Any = None  # CPU logits: a kernels.cpu_mask.PlanCache by table row
+        self._plans: Any = None  # CPU logits: a constrain_kernels.cpu_mask.PlanCache by table row
 
     # ---- both interfaces
 
@@ -380,7 +380,7 @@ class ConstrainLogitsProcessor(*_BASES):
     def _apply_keys(self, logits: Any, keys: list[Any]) -> None:
         import torch
 
-        from kernels import UNCONSTRAINED, apply_token_mask
+        from constrain_kernels import UNCONSTRAINED, apply_token_mask
 
         if len(self._host_rows) + len(keys) > MAX_TABLE_ROWS:
             self._reset_table()
@@ -398,7 +398,7 @@ class ConstrainLogitsProcessor(*_BASES):
                 self._slot_of[key] = slot
             slots.append(slot)
         if logits.device.type == "cpu":  # no device table: each distinct mask is planned once, applied in place
-            from kernels.cpu_mask import PlanCache, apply_planned
+            from constrain_kernels.cpu_mask import PlanCache, apply_planned
 
             if self._plans is None:
                 self._plans = PlanCache()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
-from kernels import cpu_mask, cpu_native, torch_ref
+import constrain_kernels
+from constrain_kernels import cpu_mask, cpu_native, torch_ref
 
 if not torch.cuda.is_available():
     # Triton's interpreter runs the kernel on CPU tensors; it is read when the kernel is first launched.
@@ -23,7 +23,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 def triton_apply():
     """The Triton kernel; a missing Triton fails under CI (env CI set) and skips elsewhere, saying so."""
     try:
-        from kernels import triton_mask
+        from constrain_kernels import triton_mask
     except ImportError as err:
         message = f"Triton is not importable ({err}); the Triton kernel is untested here"
         if os.environ.get("CI"):
@@ -188,7 +188,7 @@ def test_cpu_path_matches_reference(vocab, n_words, rows):
             want = logits.clone()
             torch_ref.apply_token_mask(want, table, row_ids)
             got = logits.clone()
-            kernels.apply_token_mask(got, table, row_ids)
+            constrain_kernels.apply_token_mask(got, table, row_ids)
             assert torch.equal(bits(got), bits(want)), (dtype, layout, "per call")
             got = logits.clone()
             plans = [None if i < 0 else cache.get(i, table[i].numpy(), vocab) for i in row_ids.tolist()]
@@ -230,7 +230,7 @@ def test_cpu_dense_passes_match_reference(cpu_pass, vocab, n_words):
         whole = buffer.clone()
         got = whole[:, 1:vocab + 1]
         assert got.stride() == (vocab + 7, 1)
-        kernels.apply_token_mask(got, table, row_ids)
+        constrain_kernels.apply_token_mask(got, table, row_ids)
         assert torch.equal(bits(got), bits(want)), (dtype, "per call")
         outside = torch.ones(vocab + 7, dtype=torch.bool)
         outside[1:vocab + 1] = False
@@ -260,7 +260,7 @@ def test_cpu_path_keeps_nan_and_inf_where_allowed():
         table = torch.tensor([[0b000011], [0b111100]], dtype=torch.int32)
         for row, allowed in ((0, [0, 1]), (1, [2, 3, 4, 5])):
             got = logits.clone()
-            kernels.apply_token_mask(got, table, torch.tensor([row], dtype=torch.int32))
+            constrain_kernels.apply_token_mask(got, table, torch.tensor([row], dtype=torch.int32))
             want = logits.clone()
             want[0, [t for t in range(6) if t not in allowed]] = float("-inf")
             assert torch.equal(bits(got), bits(want)), (dtype, row)
@@ -270,7 +270,7 @@ def test_cpu_path_bad_inputs_raise():
     logits, table = torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32)
     for ids in ([0, 3], [-2, 0]):
         with pytest.raises(ValueError):
-            kernels.apply_token_mask(logits, table, torch.tensor(ids, dtype=torch.int32))
+            constrain_kernels.apply_token_mask(logits, table, torch.tensor(ids, dtype=torch.int32))
     plan = cpu_mask.plan_row(table[0].numpy(), 64)
     with pytest.raises(ValueError):
         cpu_mask.apply_planned(torch.zeros(2, 65), [plan, plan])  # planned for another width
@@ -306,7 +306,7 @@ def test_index_table_masks_exactly_the_allowed_ids(llama3_vocab, device):
     row_ids = [c.mask_row() for c in cursors]
     table = torch.from_numpy(np.array(index.mask_table()[0])).to(dev)
     vocab = llama3_vocab.vocab_size + 45  # a model whose logits are wider than the tokenizer
-    appliers = [torch_ref.apply_token_mask, torch_ref.apply_token_mask_fused, kernels.apply_token_mask, triton_apply()]
+    appliers = [torch_ref.apply_token_mask, torch_ref.apply_token_mask_fused, constrain_kernels.apply_token_mask, triton_apply()]
     results = []
     for apply in appliers:
         logits = torch.zeros(len(row_ids), vocab, device=dev)

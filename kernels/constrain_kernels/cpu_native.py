@@ -1,7 +1,7 @@
 """The dense CPU mask pass in C: a contiguous logits row and its packed mask words → each blocked element set to -inf.
 
 The source below is built once per machine with the system C compiler (as inductor builds its CPU kernels) and loaded
-with ctypes; `load()` returns None where that fails, and callers fall back to `kernels.cpu_mask`'s compiled torch pass.
+with ctypes; `load()` returns None where that fails, and callers fall back to `constrain_kernels.cpu_mask`'s compiled torch pass.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import ctypes
 import threading
 import warnings
 
-from kernels import cbuild
+from constrain_kernels import cbuild
 
 __all__ = ["NativePass", "load"]
 

@@ -1,8 +1,8 @@
 """Mask kernels: packed int32 token masks applied to logits in place, on the logits' device (torch and Triton).
 
 `apply_token_mask` picks the Triton kernel for CUDA tensors when Triton imports (else the torch reference compiled into
-one fused loop), and `kernels.cpu_mask` for CPU tensors; all have the same semantics bit for bit (see
-`kernels.torch_ref.apply_token_mask`).
+one fused loop), and `constrain_kernels.cpu_mask` for CPU tensors; all have the same semantics bit for bit (see
+`constrain_kernels.torch_ref.apply_token_mask`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import warnings
 
 import torch
 
-from kernels import cpu_mask, torch_ref
-from kernels.torch_ref import UNCONSTRAINED
+from constrain_kernels import cpu_mask, torch_ref
+from constrain_kernels.torch_ref import UNCONSTRAINED
 
 __all__ = ["UNCONSTRAINED", "apply_token_mask"]
 
@@ -24,7 +24,7 @@ def _triton():
     global _triton_apply, _triton_state
     if _triton_state == "untried":
         try:
-            from kernels.triton_mask import apply_token_mask as fn
+            from constrain_kernels.triton_mask import apply_token_mask as fn
         except ImportError as err:
             _triton_state = "missing"
             warnings.warn(f"Triton is not importable ({err}); masking CUDA logits with the slower torch kernel",
@@ -35,7 +35,7 @@ def _triton():
 
 
 def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, `kernels.cpu_mask` on CPU).
+    """Set every logit whose token is not allowed to -inf, in place (Triton on CUDA, `constrain_kernels.cpu_mask` on CPU).
 
     Args:
         logits: float32/float16/bfloat16 [rows, V], any strides.

@@ -1,6 +1,6 @@
 """Token masks applied to CPU logits in place, single-threaded: sparse rows by token ids, dense rows by one native pass.
 
-Same semantics as `kernels.torch_ref.apply_token_mask`, bit for bit. A mask row becomes a `RowPlan` (the few allowed
+Same semantics as `constrain_kernels.torch_ref.apply_token_mask`, bit for bit. A mask row becomes a `RowPlan` (the few allowed
 ids, the few blocked ids, or the packed words), which callers with stable rows cache across steps (`PlanCache`).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import torch
 
-from kernels import cpu_native
-from kernels.torch_ref import UNCONSTRAINED, check_inputs
+from constrain_kernels import cpu_native
+from constrain_kernels.torch_ref import UNCONSTRAINED, check_inputs
 
 __all__ = ["PlanCache", "RowPlan", "apply_planned", "apply_token_mask", "plan_row"]
 
@@ -169,7 +169,7 @@ class PlanCache:
 def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None:
     """Apply one plan per logits row (None: row untouched) to CPU `logits` [rows, V] in place, on this thread.
 
-    Same result, bit for bit, as `kernels.torch_ref.apply_token_mask` with each row's packed mask: every token the
+    Same result, bit for bit, as `constrain_kernels.torch_ref.apply_token_mask` with each row's packed mask: every token the
     row's plan does not allow (and every token from the plan's `width` on) becomes -inf, others keep their bits.
     float32/float16/bfloat16, any strides. Every plan must have been made for this `V` (`plan_row(words, V)`).
 
@@ -247,9 +247,9 @@ def apply_planned(logits: torch.Tensor, plans: Sequence[RowPlan | None]) -> None
 
 
 def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """`kernels.torch_ref.apply_token_mask` for CPU tensors, bit for bit, on the calling thread (no cache).
+    """`constrain_kernels.torch_ref.apply_token_mask` for CPU tensors, bit for bit, on the calling thread (no cache).
 
-    Logits rows with unit column stride go straight through the native pass (`kernels.cpu_native`: a row of masked
+    Logits rows with unit column stride go straight through the native pass (`constrain_kernels.cpu_native`: a row of masked
     stores costs about what planning it would). Elsewhere, or without the native pass, each row is planned afresh: a
     row with few allowed (or few blocked) tokens in few words is written by token ids (a fill and a scatter), the
     other rows by one compiled single-threaded pass. Nothing uses torch's thread pool (it stalls on busy cores:

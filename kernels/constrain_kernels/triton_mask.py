@@ -1,4 +1,4 @@
-"""Token masks applied to logits in place, as one Triton kernel: the same semantics as `kernels.torch_ref`, bit for bit."""
+"""Token masks applied to logits in place, as one Triton kernel: the same semantics as `constrain_kernels.torch_ref`, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.torch_ref import UNCONSTRAINED, check_inputs
+from constrain_kernels.torch_ref import UNCONSTRAINED, check_inputs
 
 __all__ = ["UNCONSTRAINED", "apply_token_mask"]
 
@@ -58,7 +58,7 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
         row_ids: int32 [rows] on `logits.device`: the table row per logits row, or `UNCONSTRAINED` (-1) to leave the
             row untouched; other values must lie in `0 .. n_rows - 1` (not checked: that would sync).
 
-    Semantics, as a plain loop (identical to `kernels.torch_ref.apply_token_mask`):
+    Semantics, as a plain loop (identical to `constrain_kernels.torch_ref.apply_token_mask`):
 
         for r in range(rows):
             if row_ids[r] == -1:
@@ -69,7 +69,7 @@ def apply_token_mask(logits: torch.Tensor, mask_table: torch.Tensor, row_ids: to
                     logits[r, t] = -inf
 
     Raises:
-        ValueError: see `kernels.torch_ref.check_inputs`, or CPU tensors without `TRITON_INTERPRET=1`.
+        ValueError: see `constrain_kernels.torch_ref.check_inputs`, or CPU tensors without `TRITON_INTERPRET=1`.
     """
     check_inputs(logits, mask_table, row_ids)
     interpret = _interpreting()
