@@ -3,13 +3,13 @@
 `parallel_1to5_of_5` (bench_engine.py) is an array of 1..5 call objects over 5 BFCL tools; its item is the `anyOf`
 of the 5 call objects. xgrammar writes the array as a repetition over the item's rules, so both cost it about the
 same. constrain unrolls the copies of the item's automaton while they weigh little, and counts the items beside
-the automaton once unrolling would weigh more (`schema.COUNTED_UNROLLED_SIZE`: since session 27 all three arrays
-here, 1..5 included, keep the item's 407 states; 1..5 was unrolled to 2,012 before). For each vocabulary, TTFM
+the automaton once unrolling would weigh more (`schema.COUNTED_UNROLLED_SIZE`: 1..10 and 1..20 keep the item's 407
+states; 1..5 is unrolled to 2,012, as before session 27 and again since session 28). For each vocabulary, TTFM
 (schema -> compiled -> first mask, cold: no sub-automaton kept between compiles) of the item and of arrays of 1..5,
 1..10 and 1..20 of it, both engines' compiles interleaved, `--repeats` rounds after one untimed; prints the medians
 and each array's cost over the item.
 
-Then what the count costs each token: 1..5 compiled counted (as shipped) and unrolled (the threshold lifted), the
+Then what the count costs each token: 1..5 compiled counted and unrolled (the threshold set to 0, then lifted), the
 same `--walks` sampled outputs (~400 tokens each, random allowed tokens, then steered to the end) replayed through
 fresh indexes of both, the two replays interleaved walk by walk; prints mask + advance p50 / p90 / p99 per token.
 
@@ -84,11 +84,12 @@ def per_token(vlabel: str, walks: int, soft: int) -> dict:
     eng.prepare(vocab)
     array = workloads()[1]
     shipped = schema_module.COUNTED_UNROLLED_SIZE
-    dfas = {"counted": eng.dfa(array)}
+    dfas = {}
     try:
-        schema_module.COUNTED_UNROLLED_SIZE = 10**9
-        fa.clear_compiled()
-        dfas["unrolled"] = eng.dfa(array)
+        for kind, threshold in (("counted", 0), ("unrolled", 10**9)):
+            schema_module.COUNTED_UNROLLED_SIZE = threshold
+            fa.clear_compiled()
+            dfas[kind] = eng.dfa(array)
     finally:
         schema_module.COUNTED_UNROLLED_SIZE = shipped
     samples = bench_engine.sample_outputs(TokenIndex(dfas["unrolled"], vocab), vocab, walks, soft, soft * 4, seed=5)

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from constrain import native as _native
-from constrain.automaton import (EFFECT_CLOSE, EFFECT_NONE, EFFECT_TICK, MAX_SPILLED, BudgetExceeded, Deadline,
-                                 active_deadlines, check_deadlines, contract_counters, counter_tick_bytes,
+from constrain.automaton import (EFFECT_CLOSE, EFFECT_NONE, EFFECT_OPEN, EFFECT_TICK, MAX_SPILLED, BudgetExceeded,
+                                 Deadline, active_deadlines, check_deadlines, contract_counters, counter_tick_bytes,
                                  shortest_distances, walk_counted)
 from constrain.errors import InternalError, MaskViolation, UnsupportedSchema
 from constrain.trie import _build_trie, _Trie, _trie_for
@@ -210,6 +210,17 @@ def _tick_tokens(trie: _Trie, byte_set: np.ndarray) -> _TickTokens:
         with _REFERENCES_LOCK:
             hit = _TICKS[trie].setdefault(key, hit)
     return hit
+
+
+def _edges(trans: np.ndarray, keep: np.ndarray, backward: bool) -> tuple[list[int], list[int]]:
+    """The distinct edges of the table `trans` (int [n, k]) at the cells where `keep`, grouped by source (or, with
+    `backward`, by target): the other ends as one flat list, and where each state's run starts in it (n + 1)."""
+    n = trans.shape[0]
+    src, cls = np.nonzero(keep)
+    dst = trans[src, cls].astype(np.int64)
+    src = src.astype(np.int64)
+    head, tail = np.divmod(np.unique(dst * n + src if backward else src * n + dst), n)
+    return tail.tolist(), np.searchsorted(head, np.arange(n + 1)).tolist()
 
 
 def _tick_gap(transitions: np.ndarray, effect: np.ndarray, cap: int) -> int:
@@ -504,11 +515,13 @@ class TokenIndex:
         if self._walker is not None and self._use_references:
             self._walker.use_references(_references(vocab, trie, self._n_words))
         self._counted_rows: dict[tuple[int, int, int | None], int] = {}
+        self._trimmed_rows: dict[tuple[int, bytes, bytes], int] = {}  # (plain row, words that lost bits, their values)
         self._far: dict[int, bool] = {}  # `_far_from_ticks`, per state asked
         self._counted_args: tuple[np.ndarray, np.ndarray] | None = None  # `_counted_inputs`
         self._outside_words: np.ndarray | None = None  # the tokens outside the trie, on the C counted walk's first use
         self._tick_walker = None  # the C walk of `_ticking`'s tokens, on first use
         self._need: np.ndarray | None = None  # `_need_ticks`, on first use
+        self._needy: bool | None = None  # `_need_inside`, on first use
         self._ticking: _TickTokens | None = None
         if counters is not None:
             # A cursor with `room` counts left takes the plain row unless a token could tick `room` times (end at
@@ -537,6 +550,7 @@ class TokenIndex:
             self._eff_flat = effect
             self._eff_view = memoryview(effect)
             self._limits = counters.limits
+            self._most_ticks = max(self._near.values(), default=0)
             # every counter ticks on a few bytes (arrays): a counted row walks only the tokens that hold one
             union = np.logical_or.reduce(per_limit) if per_limit else None
             self._ticking = _tick_tokens(trie, union) if union is not None and union.sum() <= _FEW_TICK_BYTES else None
@@ -839,20 +853,49 @@ class TokenIndex:
     def _need_ticks(self) -> np.ndarray:
         """Per state, 1 when a counter there takes one more count before it can close (a counted string inside a
         character or an escape, a counted array short of its minItems), else 0 (int64; a last 0 for the dead state
-        -1)."""
+        -1). States outside every counter (before its bound opens, after it closes) read 1 too: the cursor asks only
+        inside one (`_need_inside`)."""
         if self._need is None:
             effect = self._counters.effect
             trans = np.asarray(self._plain.transitions)
-            can_close = (effect == EFFECT_CLOSE).any(axis=1)
-            quiet = (effect == 0) & (trans >= 0)  # transitions that count nothing
-            target = np.maximum(trans, 0)
-            while True:  # states that reach a closing transition without counting (a few rounds: escapes)
-                grown = can_close | (quiet & can_close[target]).any(axis=1)
-                if (grown == can_close).all():
-                    break
-                can_close = grown
-            self._need = np.append(~can_close, False).astype(np.int64)
+            # states that reach a closing transition without counting: backwards from those with one, over the
+            # transitions that count nothing (one pass over the distinct (target, source) pairs; a fixpoint of
+            # whole-table rounds took 3.9 ms on the 404 states of an array of tool calls, a round per byte of an item)
+            close = (effect == EFFECT_CLOSE).any(axis=1).tolist()
+            sources, starts = _edges(trans, (effect == EFFECT_NONE) & (trans >= 0), backward=True)
+            todo = [s for s, c in enumerate(close) if c]
+            while todo:
+                d = todo.pop()
+                for s in sources[starts[d]:starts[d + 1]]:
+                    if not close[s]:
+                        close[s] = True
+                        todo.append(s)
+            self._need = np.append(~np.array(close, dtype=bool), False).astype(np.int64)
         return self._need
+
+    def _need_inside(self) -> bool:
+        """Whether a state inside a counter (reached from a transition that opens one, then over transitions that
+        count or do nothing) needs a count before it can close (`_need_ticks`). An array of tool calls with minItems 1
+        has none."""
+        if self._needy is None:
+            effect = self._counters.effect
+            trans = np.asarray(self._plain.transitions)
+            n = trans.shape[0]
+            # (opening and closing transitions leave it: counters do not nest)
+            inside_edges = ((effect == EFFECT_NONE) | (effect == EFFECT_TICK)) & (trans >= 0)
+            targets, starts = _edges(trans, inside_edges, backward=False)
+            inside = [False] * n
+            todo = sorted(set(trans[(effect >= EFFECT_OPEN) & (trans >= 0)].tolist()))
+            for s in todo:
+                inside[s] = True
+            while todo:
+                s = todo.pop()
+                for d in targets[starts[s]:starts[s + 1]]:
+                    if not inside[d]:
+                        inside[d] = True
+                        todo.append(d)
+            self._needy = bool((self._need_ticks()[:n].astype(bool) & np.array(inside, dtype=bool)).any())
+        return self._needy
 
     def _counted_row(self, state: int, room: int, budget: int | None) -> int:
         """The row of `state`'s mask inside a counter with `room` counts left (at most `_near`: the most one token
@@ -862,13 +905,22 @@ class TokenIndex:
         row = self._counted_rows.get(key)
         if row is not None:
             return row
-        if self._ticking is not None and (room > 0 or not self._need_ticks().any()) and self._far_from_ticks(state):
-            # no token of the vocabulary reaches a tick from here: the plain row as it is (most states of an item)
+        if self._ticking is not None and room >= self._most_ticks and not self._need_inside():
+            # a token ticks `_most_ticks` times at most, and where it ends at the bound no state needs a tick: the
+            # plain row (the cursor asks here at that room; for an array of tool calls, at the last item but one)
+            row = self.row_for_state(state, budget)  # (outside the lock: a plain row's C walk takes it)
             with self._lock:
-                row = self._counted_rows[key] = self.row_for_state(state, budget)
+                self._counted_rows[key] = row
             return row
-        base = self._row_words(self.row_for_state(state, budget))
-        if self._ticking is not None and (room > 0 or not self._need_ticks().any()):
+        if self._ticking is not None and (room > 0 or not self._need_inside()) and self._far_from_ticks(state):
+            # no token of the vocabulary reaches a tick from here: the plain row as it is (most states of an item)
+            row = self.row_for_state(state, budget)
+            with self._lock:
+                self._counted_rows[key] = row
+            return row
+        base_row = self.row_for_state(state, budget)
+        base = self._row_words(base_row)
+        if self._ticking is not None and (room > 0 or not self._need_inside()):
             # Arrays only: a token without a comma keeps its bit (it cannot tick, and ends where a close needs no more
             # ticks than the room), so only the few tokens with one are walked, in C where it is built (a row on
             # Llama 3: 10-20 us; by numpy, 70-250 us)
@@ -896,8 +948,19 @@ class TokenIndex:
             mask = base & (words.view(np.int32) | self._outside_words)
         else:
             mask = base & self._counted_walk(self._trie, self._node_cls, state, room)
+        # The row is the plain one less a few tokens: named by the plain row and the words that lost bits, it is
+        # inserted once (many states share a plain row and lose the same tokens; inserting a row hashes all of it,
+        # ~20 us on Qwen3 against ~3 us for this key), and where nothing was lost it is the plain row itself
+        lost = np.flatnonzero(base != mask)
+        trimmed = (base_row, lost.tobytes(), mask[lost].tobytes()) if lost.size else None
         with self._lock:
-            row = self._counted_rows[key] = self._insert_row(mask)
+            if trimmed is None:
+                row = base_row
+            else:
+                row = self._trimmed_rows.get(trimmed)
+                if row is None:
+                    row = self._trimmed_rows[trimmed] = self._insert_row(mask)
+            self._counted_rows[key] = row
         return row
 
     def _counts(self, t: int, data: bytes) -> bool:

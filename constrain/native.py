@@ -1761,6 +1761,9 @@ class NativeAutomata:
         trans = np.ascontiguousarray(trans, dtype=np.int32)
         effect = np.ascontiguousarray(effect, dtype=np.int8)
         n, k = trans.shape
+        if not -1 <= start < n or effect.shape != trans.shape:
+            raise ValueError(f"tick_gap: start {start} outside -1..{n - 1}, or effect {effect.shape} is not the "
+                             f"table's {trans.shape}")  # (the C search indexes its buffers by state unchecked)
         gap = int(self._tick_gap(n, k, trans.ctypes.data, effect.ctypes.data, int(cap), int(tick), int(none),
                                  int(start)))
         if gap < 0:

@@ -59,8 +59,11 @@ COUNTED_MIN_ITEMS = 100
 # COUNTED_COMMA_TOKEN_BYTES bytes (measured on 14 vocabularies: Llama 3, Qwen3, GPT-2, StarCoder 8 commas, Gemma 4 4,
 # Tekken and Phi-3 2; such tokens 8 bytes at most: 12 leaves a margin), while two counted commas lie an item and a
 # comma apart. `TokenIndex` bounds the ticks per token for its vocabulary and automaton, and refuses a counter it
-# could not keep.
-COUNTED_UNROLLED_SIZE = 2048
+# could not keep. 2,048 in session 27, back to 4,096 in session 28 (parallel_1to5_of_5, 3,172, unrolled again): its
+# counted rows at the last item (a comma-token walk per state first met, 20-90 us) set the per-token p99 of a cold
+# index, 70-92 us counted against 6.4-6.7 unrolled on Qwen3 and Gemma 4 (12 replayed walks of 1..5 calls), for 0.46 ms
+# of schema -> first mask.
+COUNTED_UNROLLED_SIZE = 4096
 COUNTED_MOST_COMMAS = 8
 COUNTED_COMMA_TOKEN_BYTES = 12
 # `uniqueItems` is enforced for items of at most this many distinct values: the automaton keeps which were written

@@ -357,13 +357,52 @@ def test_a_few_heavy_items_are_counted_with_the_unrolled_masks(vocab_name, seed,
     assert near > 60  # steps with at most one item left (counted rows) were compared
 
 
+def _need_by_rounds(index):
+    """`_need_ticks` as a fixpoint of whole-table rounds (its code until session 28): states that cannot reach a
+    closing transition over transitions that count nothing."""
+    effect, trans = index._counters.effect, np.asarray(index._plain.transitions)
+    can_close = (effect == fa.EFFECT_CLOSE).any(axis=1)
+    quiet, target = (effect == fa.EFFECT_NONE) & (trans >= 0), np.maximum(trans, 0)
+    while True:
+        grown = can_close | (quiet & can_close[target]).any(axis=1)
+        if (grown == can_close).all():
+            return np.append(~can_close, False).astype(np.int64)
+        can_close = grown
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "gemma4_vocab"])
+def test_counted_rows_at_the_most_ticks_are_plain_where_no_state_inside_needs_one(vocab_name, request):
+    # An array of tool calls with minItems 1: no state inside the counter needs a tick to close (the states before
+    # '[' and after ']' do, outside it), so at a room of the most ticks one token makes (1) every state's row is the
+    # plain one without a walk, and at room 0 the comma tokens alone are walked; both equal the walk of every token by
+    # numpy. With minItems 2 the first item's states need a tick. `_need_ticks` equals the fixpoint of rounds.
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema({"type": "array", "items": CALL_ITEM, "minItems": 1, "maxItems": 8}).dfa
+    index, full = TokenIndex(dfa, vocab), TokenIndex(dfa, vocab)
+    full._ticking, full._walker = None, None  # every token walked by numpy, no shortcut
+    assert index._most_ticks == 1 and not index._need_inside() and index._need_ticks().sum() == 2
+    for room in (1, 0):
+        for state in range(index._n_states):
+            expected = full._row_words(full._counted_row(state, room, None))
+            assert np.array_equal(index._row_words(index._counted_row(state, room, None)), expected), (state, room)
+    assert index._tick_walker is not None  # (room 0: the comma tokens walked)
+    for lo in (1, 2, 3):
+        needy = TokenIndex(compile_schema({"type": "array", "items": CALL_ITEM, "minItems": lo, "maxItems": 10}).dfa,
+                           vocab)
+        assert np.array_equal(needy._need_ticks(), _need_by_rounds(needy))
+        assert needy._need_inside() == (lo > 1)
+    strings = TokenIndex(compile_schema({"type": "array", "items": {"type": "string", "maxLength": 3000},
+                                         "maxItems": 3}).dfa, vocab)  # (inside an escape: a count is needed)
+    assert np.array_equal(strings._need_ticks(), _need_by_rounds(strings)) and strings._need_inside()
+
+
 def test_a_few_light_or_tight_items_are_unrolled(monkeypatch):
     def counted(items, hi, lo=0):
         return fa.has_counters(compile_schema({"type": "array", "items": items, "minItems": lo, "maxItems": hi}).dfa)
 
     assert not counted({"type": "integer"}, 8)  # a small item: unrolled copies cost little
-    # CALL_ITEM weighs 799 (`fa.size`): counted from (maxItems - minItems) * 799 >= 2,048
-    assert [hi for hi in (3, 4, 5, 8) if counted(CALL_ITEM, hi, lo=1)] == [4, 5, 8]
+    # CALL_ITEM weighs 799 (`fa.size`): counted from (maxItems - minItems) * 799 >= 4,096
+    assert [hi for hi in (3, 4, 5, 6, 7, 8) if counted(CALL_ITEM, hi, lo=1)] == [7, 8]
     monkeypatch.setattr(schema_module, "COUNTED_UNROLLED_SIZE", 0)
     # items of 31 bytes at least: one comma a token, so a bound of one comma is left unrolled
     assert [hi for hi in (2, 3) if counted(CALL_ITEM, hi)] == [3]
