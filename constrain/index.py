@@ -223,6 +223,21 @@ def _edges(trans: np.ndarray, keep: np.ndarray, backward: bool) -> tuple[list[in
     return tail.tolist(), np.searchsorted(head, np.arange(n + 1)).tolist()
 
 
+def _reached(seeds: np.ndarray, ends: list[int], starts: list[int]) -> np.ndarray:
+    """bool [n]: the states reached from `seeds` along the edges `_edges` gave (`ends`, `starts`), seeds included."""
+    seen = [False] * (len(starts) - 1)
+    todo = seeds.tolist()
+    for s in todo:
+        seen[s] = True
+    while todo:
+        s = todo.pop()
+        for d in ends[starts[s]:starts[s + 1]]:
+            if not seen[d]:
+                seen[d] = True
+                todo.append(d)
+    return np.array(seen, dtype=bool)
+
+
 def _tick_gap(transitions: np.ndarray, effect: np.ndarray, cap: int) -> int:
     """The fewest bytes from a state right after a tick to the next tick inside the same counter (that tick's byte
     included), or `cap` when it is `cap` or more: breadth first from the states after a tick, at most `cap` levels of
@@ -861,16 +876,9 @@ class TokenIndex:
             # states that reach a closing transition without counting: backwards from those with one, over the
             # transitions that count nothing (one pass over the distinct (target, source) pairs; a fixpoint of
             # whole-table rounds took 3.9 ms on the 404 states of an array of tool calls, a round per byte of an item)
-            close = (effect == EFFECT_CLOSE).any(axis=1).tolist()
-            sources, starts = _edges(trans, (effect == EFFECT_NONE) & (trans >= 0), backward=True)
-            todo = [s for s, c in enumerate(close) if c]
-            while todo:
-                d = todo.pop()
-                for s in sources[starts[d]:starts[d + 1]]:
-                    if not close[s]:
-                        close[s] = True
-                        todo.append(s)
-            self._need = np.append(~np.array(close, dtype=bool), False).astype(np.int64)
+            seeds = np.flatnonzero((effect == EFFECT_CLOSE).any(axis=1))
+            close = _reached(seeds, *_edges(trans, (effect == EFFECT_NONE) & (trans >= 0), backward=True))
+            self._need = np.append(~close, False).astype(np.int64)
         return self._need
 
     def _need_inside(self) -> bool:
@@ -880,21 +888,11 @@ class TokenIndex:
         if self._needy is None:
             effect = self._counters.effect
             trans = np.asarray(self._plain.transitions)
-            n = trans.shape[0]
             # (opening and closing transitions leave it: counters do not nest)
             inside_edges = ((effect == EFFECT_NONE) | (effect == EFFECT_TICK)) & (trans >= 0)
-            targets, starts = _edges(trans, inside_edges, backward=False)
-            inside = [False] * n
-            todo = sorted(set(trans[(effect >= EFFECT_OPEN) & (trans >= 0)].tolist()))
-            for s in todo:
-                inside[s] = True
-            while todo:
-                s = todo.pop()
-                for d in targets[starts[s]:starts[s + 1]]:
-                    if not inside[d]:
-                        inside[d] = True
-                        todo.append(d)
-            self._needy = bool((self._need_ticks()[:n].astype(bool) & np.array(inside, dtype=bool)).any())
+            seeds = np.unique(trans[(effect >= EFFECT_OPEN) & (trans >= 0)])
+            inside = _reached(seeds, *_edges(trans, inside_edges, backward=False))
+            self._needy = bool((self._need_ticks()[:-1].astype(bool) & inside).any())
         return self._needy
 
     def _counted_row(self, state: int, room: int, budget: int | None) -> int:
