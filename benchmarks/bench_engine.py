@@ -2,13 +2,15 @@
 
 Every engine gets the exact token bytes of one `constrain.vocabulary.Vocabulary` (special and EOS ids are never
 spelled as bytes; EOS ids are the stop tokens). For each (workload, vocabulary):
-  1. valid outputs are sampled from constrain's index (random allowed tokens, then steered to acceptance, then EOS);
-  2. each engine is checked against constrain: allowed-token sets on the states along those outputs (non-special
-     ids compared exactly, EOS compared as "some EOS allowed"); a peer rejecting a sampled token is a disagreement;
+  1. valid outputs are sampled from constrain's index (random allowed tokens, then steered to acceptance, then EOS):
+     `--samples` (4), and more while they hold fewer than `--min-steps` (256) tokens together;
+  2. each engine is checked against constrain: allowed-token sets on the states along the first `--samples` outputs
+     (non-special ids compared exactly, EOS compared as "some EOS allowed"); a peer rejecting a sampled token is a
+     disagreement;
   3. each engine is timed on fresh compiles: cold compile, time to first mask (grammar text -> first mask filled),
      the median of `--ttfm-repeats` (3) cold compiles in a row (the first alone is kept as `ttfm_first_s`), each
-     followed by the same token ids replayed on it (mask fill into an int32 bitmask + accept per step; cold p50 and
-     p99 are the medians over those replays). constrain's lazily built rows are computed inside that timing.
+     followed by all the sampled token ids replayed on it (mask fill into an int32 bitmask + accept per step; cold
+     p50 and p99 are the medians over those replays). constrain's lazily built rows are computed inside that timing.
 outlines-core compiles once, in a forked child (60 s watchdog, the index comes back pickled); the others compile
 in-process and are marked "timeout" afterwards if they exceeded 60 s (a slow first compile is not repeated).
 
@@ -315,15 +317,18 @@ class Outlines:
 # Reference outputs
 
 
-def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: int, seed: int) -> list[list[int]]:
-    """Valid token sequences (ending with an EOS id): random allowed tokens for `soft` steps, then steered to accept."""
+def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: int, seed: int,
+                   min_steps: int = 0) -> list[list[int]]:
+    """Valid token sequences (ending with an EOS id): random allowed tokens for `soft` steps, then steered to accept.
+    `n` of them, and more (at most `MAX_SAMPLES` in all) while they hold fewer than `min_steps` tokens together: the
+    first `n` are the same whatever `min_steps` is."""
     dfa = idx.dfa
     dist = fa.shortest_distances(dfa)
     eos = set(vocab.eos_ids)
     tb = vocab.token_bytes
     rng = random.Random(seed)
-    out = []
-    for _ in range(n):
+    out: list[list[int]] = []
+    while len(out) < n or (sum(map(len, out)) < min_steps and len(out) < MAX_SAMPLES):
         st, toks = idx.start(), []
         while True:
             allowed = st.allowed_token_ids().tolist()
@@ -343,6 +348,10 @@ def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: 
             toks.append(tok)
         out.append(toks)
     return out
+
+
+# `sample_outputs`' most outputs when its first ones are short (`--min-steps`)
+MAX_SAMPLES = 64
 
 
 def reference_masks(idx: TokenIndex, samples: list[list[int]], n_words: int, check_steps: int) -> list[list[np.ndarray]]:
@@ -438,9 +447,13 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
         res["engines"]["constrain"] = {"status": "error", "error": res["error"]}
         return res
     # a stable seed (str hash() changes per process): the same samples, and so comparable agreement counts, every run
-    samples = sample_outputs(ref_idx, vocab, args.samples, args.soft, args.hard, seed=zlib.crc32(f"{w.name}/{vlabel}".encode()) & 0xFFFF)
+    # The replays take every sample, so that p99 is not a short replay's 2nd worst step (`--min-steps`); the masks are
+    # checked on the first `--samples` only, as many states a cell whatever the outputs' lengths
+    samples = sample_outputs(ref_idx, vocab, args.samples, args.soft, args.hard,
+                             seed=zlib.crc32(f"{w.name}/{vlabel}".encode()) & 0xFFFF, min_steps=args.min_steps)
+    checked = samples[: args.samples]
     res["sample_lengths"] = [len(s) for s in samples]
-    ref = reference_masks(ref_idx, samples, n_words, args.check_steps)
+    ref = reference_masks(ref_idx, checked, n_words, args.check_steps)
     excluded = np.asarray(sorted(set(vocab.special_ids) | set(vocab.eos_ids)), dtype=np.int64)
     del ref_idx
     for name, eng in engines.items():
@@ -516,7 +529,7 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
             else:
                 # Check on a separate compile so the timed run above started cold.
                 chk = compiled if name == "outlines" else eng.compile(w)
-                r["check"] = check_engine(eng, chk, samples, ref, vocab, excluded, args.check_steps)
+                r["check"] = check_engine(eng, chk, checked, ref, vocab, excluded, args.check_steps)
             r["status"] = "ok"
         except Exception as err:  # noqa: BLE001
             r.update(status="error", error=f"{type(err).__name__}: {str(err)[:300]}")
@@ -692,7 +705,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocabs", default=None)
     ap.add_argument("--workloads", default=None)
     ap.add_argument("--engines", default=",".join(ENGINES))
-    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--samples", type=int, default=None, help="sampled outputs whose masks are checked (4; --quick 2)")
+    ap.add_argument("--min-steps", type=int, default=None,
+                    help="more outputs replayed until they hold this many tokens (256; --quick 0): a p99 over fewer "
+                         "than ~100 steps is a short replay's worst steps")
     ap.add_argument("--ttfm-repeats", type=int, default=3, help="cold compiles per engine and cell; TTFM is their median")
     ap.add_argument("--json", default=None, help="default benchmarks/results/bench_engine[_quick|_prep].json")
     ap.add_argument("--prep-only", action="store_true", help="tokenizer preprocessing only (no workloads)")
@@ -704,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         prep_child(*args.prep_child)
         return 0
     args.samples = args.samples or (2 if args.quick else 4)
+    if args.min_steps is None:
+        args.min_steps = 0 if args.quick else 256
     args.soft, args.hard, args.check_steps = (24, 200, 12) if args.quick else (64, 600, 24)
     vlabels = (args.vocabs or ("llama3" if args.quick else "llama3,qwen3,gemma4")).split(",")
     wl = workloads(quick=args.quick and not args.workloads)
@@ -747,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.json or Path(__file__).parent / "results" / f"bench_engine{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"env": env_info(vocabs), "quick": args.quick, "timeout_s": TIMEOUT_S, "whitespace": "compact",
-           "samples": args.samples, "preprocessing": prep, "results": results,
+           "samples": args.samples, "min_steps": args.min_steps, "preprocessing": prep, "results": results,
            "workloads": {w.name: w.description for w in wl}, "wall_s": time.perf_counter() - t_start}
     out.write_text(json.dumps(doc, indent=1, default=str))
     print(f"\n# wrote {out} ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
