@@ -317,6 +317,10 @@ class Outlines:
 # Reference outputs
 
 
+# `sample_outputs`' most outputs when its first ones are short (`--min-steps`)
+MAX_SAMPLES = 64
+
+
 def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: int, seed: int,
                    min_steps: int = 0) -> list[list[int]]:
     """Valid token sequences (ending with an EOS id): random allowed tokens for `soft` steps, then steered to accept.
@@ -328,7 +332,8 @@ def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: 
     tb = vocab.token_bytes
     rng = random.Random(seed)
     out: list[list[int]] = []
-    while len(out) < n or (sum(map(len, out)) < min_steps and len(out) < MAX_SAMPLES):
+    steps = 0
+    while len(out) < n or (steps < min_steps and len(out) < MAX_SAMPLES):
         st, toks = idx.start(), []
         while True:
             allowed = st.allowed_token_ids().tolist()
@@ -347,11 +352,8 @@ def sample_outputs(idx: TokenIndex, vocab: Vocabulary, n: int, soft: int, hard: 
             st.advance(tok)
             toks.append(tok)
         out.append(toks)
+        steps += len(toks)
     return out
-
-
-# `sample_outputs`' most outputs when its first ones are short (`--min-steps`)
-MAX_SAMPLES = 64
 
 
 def reference_masks(idx: TokenIndex, samples: list[list[int]], n_words: int, check_steps: int) -> list[list[np.ndarray]]:
