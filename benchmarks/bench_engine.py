@@ -8,9 +8,10 @@ spelled as bytes; EOS ids are the stop tokens). For each (workload, vocabulary):
      (non-special ids compared exactly, EOS compared as "some EOS allowed"); a peer rejecting a sampled token is a
      disagreement;
   3. each engine is timed on fresh compiles: cold compile, time to first mask (grammar text -> first mask filled),
-     the median of `--ttfm-repeats` (3) cold compiles in a row (the first alone is kept as `ttfm_first_s`), each
+     the median of `--ttfm-repeats` (3) cold compiles per engine (the first alone is kept as `ttfm_first_s`), each
      followed by all the sampled token ids replayed on it (mask fill into an int32 bitmask + accept per step; cold
      p50 and p99 are the medians over those replays). constrain's lazily built rows are computed inside that timing.
+     The engines' compiles are interleaved, one round at a time, each round led by the next engine.
 outlines-core compiles once, in a forked child (60 s watchdog, the index comes back pickled); the others compile
 in-process and are marked "timeout" afterwards if they exceeded 60 s (a slow first compile is not repeated).
 
@@ -438,6 +439,44 @@ def pct(xs: list[float], q: float) -> float:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+class _Cold:
+    """One in-process engine's cold compiles in a cell: each timed to its first mask and replayed at once."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ttfms: list[float] = []
+        self.compiles: list[float] = []
+        self.splits: list[dict] = []  # constrain's `last_split` per compile
+        self.cold: list[tuple[list[float], dict | None]] = []  # per compile: its replay (step seconds, rejection)
+        self.compiled: Any = None  # the latest compile (replayed warm afterwards)
+        self.compile_mem_mib: float | None = None  # RSS growth over the first compile
+        self.error: Exception | None = None
+        self.done = False
+
+    def once(self, eng, w: Workload, samples: list[list[int]], n_words: int) -> None:
+        self.compiled = None  # the previous compile freed first: each one starts as cold as the first
+        gc.collect()
+        base = rss() if not self.ttfms else None
+        buf = np.zeros(n_words, dtype=np.int32)
+        t0 = time.perf_counter()
+        self.compiled = eng.compile(w)
+        self.compiles.append(time.perf_counter() - t0)
+        m = eng.matcher(self.compiled)
+        eng.fill(m, buf)
+        self.ttfms.append(time.perf_counter() - t0)
+        if base is not None:
+            self.compile_mem_mib = mib(rss() - base)
+        if self.name == "constrain":
+            self.splits.append(eng.last_split)
+        if self.ttfms[-1] <= TIMEOUT_S:
+            self.cold.append(replay(eng, self.compiled, samples, n_words))
+        if self.ttfms[-1] > 1.0:
+            self.done = True  # (slow enough that one compile is a fair measure)
+
+    def fail(self, err: Exception) -> None:
+        self.error, self.done, self.compiled = err, True, None
+
+
 def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -> dict:
     n_words = (vocab.vocab_size + 31) // 32
     res: dict[str, Any] = {"workload": w.name, "vocab": vlabel, "engines": {}}
@@ -458,50 +497,47 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
     ref = reference_masks(ref_idx, checked, n_words, args.check_steps)
     excluded = np.asarray(sorted(set(vocab.special_ids) | set(vocab.eos_ids)), dtype=np.int64)
     del ref_idx
+    # The in-process engines' cold compiles interleaved, a round at a time, each round starting with the next engine
+    # (constrain, xgrammar, llguidance; then xgrammar, llguidance, constrain; ...): a slow minute on this shared machine,
+    # or the first compile after the reference masks above, falls on every engine alike instead of on one engine's
+    # block of compiles. Each compile is replayed right after its first mask (`Cold`).
+    runs = {name: _Cold(name) for name in engines if name != "outlines"}
+    order = list(runs)
+    for rep in range(args.ttfm_repeats):
+        for name in order[rep % len(order):] + order[: rep % len(order)]:
+            run = runs[name]
+            if run.done:
+                continue
+            try:
+                run.once(engines[name], w, samples, n_words)
+            except Exception as err:  # noqa: BLE001
+                run.fail(err)
     for name, eng in engines.items():
         r: dict[str, Any] = {}
         res["engines"][name] = r
+        run = runs.get(name)
+        compiled = None
         try:
-            buf = np.zeros(n_words, dtype=np.int32)
-            gc.collect()
-            base = rss()
+            if run is not None and run.error is not None:
+                raise run.error
             if name == "outlines":
                 status, compiled, dt_compile, child_mem = eng.compile_in_child(w)
                 if status != "ok":
                     r.update(status=status, error=compiled if status == "error" else None)
                     continue
+                buf = np.zeros(n_words, dtype=np.int32)
                 t0 = time.perf_counter()
                 m = eng.matcher(compiled)
                 eng.fill(m, buf)
                 ttfm = dt_compile + time.perf_counter() - t0
                 r["compile_mem_mib"] = mib(child_mem)
             else:
-                # a single cold compile swings by 20-50 % on this shared machine (xgrammar's parallel_1to5_of_5 took
-                # 4.0-6.6 ms in two runs): the median of a few, each as cold as the first
-                ttfms, compiles, splits = [], [], []
-                cold = []  # per compile: its replay's (step seconds, first rejection), right after its first mask
-                for rep in range(args.ttfm_repeats):
-                    if rep:
-                        compiled = m = None
-                        gc.collect()
-                    t0 = time.perf_counter()
-                    compiled = eng.compile(w)
-                    compiles.append(time.perf_counter() - t0)
-                    m = eng.matcher(compiled)
-                    eng.fill(m, buf)
-                    ttfms.append(time.perf_counter() - t0)
-                    if not rep:
-                        r["compile_mem_mib"] = mib(rss() - base)
-                    if name == "constrain":
-                        splits.append(eng.last_split)
-                    if ttfms[-1] <= TIMEOUT_S:
-                        cold.append(replay(eng, compiled, samples, n_words))
-                    if ttfms[-1] > 1.0:
-                        break  # (slow enough that one compile is a fair measure)
-                ttfm, dt_compile = statistics.median(ttfms), statistics.median(compiles)
-                r["ttfm_first_s"] = ttfms[0]
-                r["ttfm_all_s"] = ttfms
+                compiled, ttfm, dt_compile = run.compiled, statistics.median(run.ttfms), statistics.median(run.compiles)
+                r["compile_mem_mib"] = run.compile_mem_mib
+                r["ttfm_first_s"] = run.ttfms[0]
+                r["ttfm_all_s"] = run.ttfms
                 if name == "constrain":
+                    splits = run.splits
                     r.update({k: (round(statistics.median(sp[k] for sp in splits), 6) if isinstance(v, float) else v)
                               for k, v in splits[0].items()})
             r["compile_s"] = dt_compile
@@ -509,8 +545,7 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
             if ttfm > TIMEOUT_S:
                 r["status"] = "timeout"
                 continue
-            if name == "outlines":
-                cold = [replay(eng, compiled, samples, n_words)]
+            cold = [replay(eng, compiled, samples, n_words)] if name == "outlines" else run.cold
             # Cold per-token figures: the median over the compiles of each one's replay (one replay's p99 is its 3rd-5th
             # worst step, which one disturbance on this shared machine moves several-fold)
             every = [t for times, _ in cold for t in times]
@@ -524,7 +559,6 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
             # Warm: the same outputs again on the same compiled grammar (constrain's rows now all built).
             warm, _ = replay(eng, compiled, samples, n_words)
             r.update(p50_warm_us=pct(warm, 0.5) * 1e6, p99_warm_us=pct(warm, 0.99) * 1e6)
-            r["mem_after_replay_mib"] = mib(rss() - base)
             if name == "constrain":
                 r["index_nbytes_mib"] = mib(compiled.nbytes())
                 r["replay_total_s"] = statistics.median(sum(t) for t, _ in cold)
@@ -537,6 +571,8 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
             r.update(status="error", error=f"{type(err).__name__}: {str(err)[:300]}")
         finally:
             compiled = m = None  # noqa: F841
+            if run is not None:
+                run.compiled = None
     return res
 
 
