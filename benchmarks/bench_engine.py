@@ -440,7 +440,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class _Cold:
-    """One in-process engine's cold compiles in a cell: each timed to its first mask and replayed at once."""
+    """One in-process engine's cold compiles in a cell: each timed to its first mask and replayed at once. A single
+    cold compile swings by 20-50 % on this shared machine (xgrammar's parallel_1to5_of_5 took 4.0-6.6 ms in two
+    runs): the figures are medians of a few, each as cold as the first."""
 
     def __init__(self, name: str):
         self.name = name
@@ -500,7 +502,7 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
     # The in-process engines' cold compiles interleaved, a round at a time, each round starting with the next engine
     # (constrain, xgrammar, llguidance; then xgrammar, llguidance, constrain; ...): a slow minute on this shared machine,
     # or the first compile after the reference masks above, falls on every engine alike instead of on one engine's
-    # block of compiles. Each compile is replayed right after its first mask (`Cold`).
+    # block of compiles. Each compile is replayed right after its first mask (`_Cold`).
     runs = {name: _Cold(name) for name in engines if name != "outlines"}
     order = list(runs)
     for rep in range(args.ttfm_repeats):
@@ -537,9 +539,8 @@ def run_pair(engines: dict, w: Workload, vlabel: str, vocab: Vocabulary, args) -
                 r["ttfm_first_s"] = run.ttfms[0]
                 r["ttfm_all_s"] = run.ttfms
                 if name == "constrain":
-                    splits = run.splits
-                    r.update({k: (round(statistics.median(sp[k] for sp in splits), 6) if isinstance(v, float) else v)
-                              for k, v in splits[0].items()})
+                    r.update({k: (round(statistics.median(sp[k] for sp in run.splits), 6) if isinstance(v, float)
+                                  else v) for k, v in run.splits[0].items()})
             r["compile_s"] = dt_compile
             r["ttfm_s"] = ttfm
             if ttfm > TIMEOUT_S:
