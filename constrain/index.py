@@ -75,8 +75,14 @@ _PREFILL_WASTE = 16
 # faults in its pages (~5 us for Qwen3's 4,740 words), and making them costs: index + first mask of required_50
 # (Qwen3, 883 rows, median of 7) 2.7 ms with none made at once, 5.3 ms with all (`_make_rows` of 512: 1.8 ms).
 # Blocks stay under 4 MiB, above which numpy asks for huge pages (one 16 MiB table: 0.4 ms without, 1-45 ms with:
-# the kernel zeroes or compacts 2 MiB at a time).
-_EAGER_ROWS = 512
+# the kernel zeroes or compacts 2 MiB at a time). A row made on first read instead costs its step 10-27 us (a cold
+# replay of required_50 on Gemma 4: 282 rows waiting, ~10 of them read in 233 steps, the slowest steps after the
+# first visit of a wide string state), so 1,024, not 512: required_50's 798-899 rows are all made at once, for
+# +0.9 / +1.0 / +2.0 ms of index + first mask on Llama 3 / Qwen3 / Gemma 4 (medians of 14, interleaved) and a cold
+# p99 of 1.55-2.08x xgrammar's -> 2.01-4.63x (bench_engine.py, two alternating runs each; measured with a bound of
+# 2,048, which makes the same rows there). An index of more rows (tens of thousands of states) still keeps the rest
+# waiting: at 32 KiB a row (Gemma 4), 1,024 rows are 32 MiB.
+_EAGER_ROWS = 1024
 
 # A cursor walks a token of at least this many bytes in C (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
 # ~1.8 us) against ~0.1 us a byte in Python (counted: 0.5 us + 0.16 us a byte); the first call after a compile
