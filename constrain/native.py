@@ -1145,6 +1145,100 @@ int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int
     return hopcroft(n, k, trans, block0, n0, block_out);
 }
 
+/* ---- automata glued one after another ---- */
+
+/* `automaton._glue_all` in one pass: part i (tables[i], n[i] x k, -1 for no transition; accs[i]; start[i]) written
+   from row `at` on, its start left out when i > 0 and nothing in the part enters it, the other states renumbered to
+   follow on. The accepting states of the parts so far (part i - 1's; those that skip to part i; and, where a part
+   accepts at its start, the ones that stepped into it too) also step like part i's start and accept as it does.
+   skip[i] = j: part i's accepting states also step like part j's start (i + 1 < j < n_parts), or stay accepting
+   (j = n_parts); -1: none. Part i's entry (q, c) is tables[i][q * strides[2i] + c * strides[2i + 1]] (numpy's
+   strides in elements: its tables are often column-major). `out` and `acc_out` have room for the sum of n[i] rows,
+   row-major. Returns the rows written, -1
+   when an accepting state already steps on a class the next part's start steps on, -2 when out of memory. */
+int64_t constrain_glue(int32_t n_parts, int32_t k, const int32_t *const *tables, const int64_t *strides,
+                       const uint8_t *const *accs, const int32_t *n, const int32_t *start, const int32_t *skip,
+                       int32_t *out, uint8_t *acc_out) {
+    ivec final = {0}, own = {0};
+    ivec *owns = (ivec *)calloc((size_t)(n_parts > 0 ? n_parts : 1), sizeof(ivec));
+    int32_t *into = (int32_t *)malloc((size_t)(k > 0 ? k : 1) * sizeof(int32_t));
+    int64_t at = 0, rc = -2;
+    uint8_t *dropped = (uint8_t *)calloc((size_t)(n_parts > 0 ? n_parts : 1), 1);
+    if (!owns || !into || !dropped) goto done;
+    for (int32_t i = 0; i < n_parts; i++) {
+        const int32_t *t = tables[i];
+        const int64_t rs = strides[2 * i], cs = strides[2 * i + 1];
+        const uint8_t *a = accs[i];
+        const int32_t ni = n[i], s0 = start[i];
+        int drop = 0, known = 0;
+        for (int32_t p = 1; p < i && !known; p++)  /* a part repeated (an array's item): its start read once */
+            if (tables[p] == t && start[p] == s0 && n[p] == ni && strides[2 * p] == rs && strides[2 * p + 1] == cs) {
+                drop = dropped[p];
+                known = 1;
+            }
+        if (i > 0 && !known) {
+            drop = 1;
+            for (int32_t q = 0; q < ni && drop; q++)
+                for (int32_t c = 0; c < k; c++)
+                    if (t[q * rs + c * cs] == s0) { drop = 0; break; }
+        }
+        dropped[i] = (uint8_t)drop;
+#define GLUE_NUMBER(v) ((v) < 0 ? -1 : (int32_t)(at + (v) - (drop && (v) > s0)))
+        for (int32_t q = 0; q < ni; q++) {
+            if (drop && q == s0) continue;
+            const int64_t r = at + q - (drop && q > s0);
+            const int32_t *row = t + q * rs;
+            int32_t *dst = out + r * k;
+            for (int32_t c = 0; c < k; c++) dst[c] = GLUE_NUMBER(row[c * cs]);
+            acc_out[r] = a[q] ? 1 : 0;
+        }
+        own.n = 0;
+        for (int32_t q = 0; q < ni; q++)
+            if (a[q] && !(drop && q == s0) && !ivec_push(&own, GLUE_NUMBER(q))) goto done;
+        for (int32_t p = 0; p < i; p++) {
+            if (skip[p] != i) continue;
+            for (int64_t j = 0; j < owns[p].n; j++)
+                if (!ivec_push(&final, owns[p].v[j])) goto done;
+        }
+        if (i > 0) {
+            const int32_t *row = t + s0 * rs;
+            for (int32_t c = 0; c < k; c++) into[c] = GLUE_NUMBER(row[c * cs]);
+            for (int64_t j = 0; j < final.n; j++) {
+                const int32_t *f = out + (int64_t)final.v[j] * k;
+                for (int32_t c = 0; c < k; c++)
+                    if (f[c] >= 0 && into[c] >= 0) { rc = -1; goto done; }
+            }
+            for (int64_t j = 0; j < final.n; j++) {
+                int32_t *f = out + (int64_t)final.v[j] * k;
+                for (int32_t c = 0; c < k; c++)
+                    if (f[c] < 0) f[c] = into[c];
+                acc_out[final.v[j]] = a[s0] ? 1 : 0;
+            }
+            if (a[s0])
+                for (int64_t j = 0; j < final.n; j++)
+                    if (!ivec_push(&own, final.v[j])) goto done;
+        }
+#undef GLUE_NUMBER
+        if (skip[i] >= 0) {
+            for (int64_t j = 0; j < own.n; j++)
+                if (!ivec_push(&owns[i], own.v[j])) goto done;
+        }
+        ivec swap = final;
+        final = own;
+        own = swap;
+        at += ni - drop;
+    }
+    for (int32_t p = 0; p < n_parts; p++)
+        if (skip[p] == n_parts)
+            for (int64_t j = 0; j < owns[p].n; j++) acc_out[owns[p].v[j]] = 1;
+    rc = at;
+done:
+    if (owns)
+        for (int32_t p = 0; p < n_parts; p++) free(owns[p].v);
+    free(owns); free(into); free(dropped); free(final.v); free(own.v);
+    return rc;
+}
+
 /* ---- fewest tokens to acceptance (a bound) ---- */
 
 /* The fewest bytes from a state right after a tick (a live transition whose effect is `tick`) to the next tick, the
@@ -1575,6 +1669,9 @@ class NativeAutomata:
                                   ctypes.c_int32, p, p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double, p,
                                   ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]
         self._product.restype = ctypes.c_void_p
+        self._glue = lib.constrain_glue
+        self._glue.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, p, p, p, p, p, p]
+        self._glue.restype = ctypes.c_int64
         self._finish = lib.constrain_finish
         self._finish.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32]
         self._finish.restype = ctypes.c_void_p
@@ -1739,6 +1836,45 @@ class NativeAutomata:
                              int(ds[1]) if len(ds) > 1 else int(ds[0]), int(none), out.ctypes.data):
             raise MemoryError("the native token bound ran out of memory")
         return out
+
+    def glue(self, tables: Sequence[np.ndarray], accepting: Sequence[np.ndarray], starts: Sequence[int],
+             skips: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """`automaton._glue_all` of the parts (tables int32 [n_i x k], accepting bool [n_i], start states; `skips[i]`
+        the part i's accepting states also step into, or -1) in C: (table, accepting) of the glued automaton, or None
+        when two parts overlap."""
+        n_parts = len(tables)
+        k = tables[0].shape[1]
+        sizes = [t.shape[0] for t in tables]
+        starts, skips = [int(x) for x in starts], [int(x) for x in skips]
+        if (len(starts), len(skips), len(accepting)) != (n_parts, n_parts, n_parts) or any(
+                t.shape[1] != k or not 0 <= st < n or a.shape != (n,) or t.dtype != np.int32 or a.dtype != bool
+                for t, a, st, n in zip(tables, accepting, starts, sizes)):
+            # (the C pass reads them unchecked)
+            raise ValueError("glue: int32 tables of k columns, one bool flag a state, one start inside and one skip "
+                             "per part")
+        # each distinct array's address once (a part repeated, an array's item, is one object; ~3 us a lookup)
+        address: dict[int, int] = {}
+        keep = []  # (contiguous copies of the flags, alive through the call)
+        for t, a in zip(tables, accepting):
+            if id(t) not in address:
+                address[id(t)] = t.ctypes.data  # (any layout: strides below)
+            if id(a) not in address:
+                flags = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+                keep.append(flags)
+                address[id(a)] = flags.ctypes.data
+        room = sum(sizes)
+        out = np.empty((room, k), np.int32)
+        acc = np.empty(room, np.uint8)
+        ints, vp = ctypes.c_int32 * n_parts, ctypes.c_void_p * n_parts
+        strides = (ctypes.c_int64 * (2 * n_parts))(*[x // 4 for t in tables for x in t.strides])
+        rows = int(self._glue(n_parts, k, vp(*[address[id(t)] for t in tables]), strides,
+                              vp(*[address[id(a)] for a in accepting]), ints(*sizes), ints(*starts), ints(*skips),
+                              out.ctypes.data, acc.ctypes.data))
+        if rows == -2:
+            raise MemoryError("the native glue ran out of memory")
+        if rows < 0:
+            return None
+        return out[:rows], acc[:rows].view(bool)
 
     def minimise(self, trans: np.ndarray, block0: np.ndarray, n0: int) -> tuple[np.ndarray, int]:
         """Each state's block in the coarsest congruence of the trimmed DFA `trans` that refines `block0` (ids

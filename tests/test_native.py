@@ -214,6 +214,59 @@ def test_native_finish_trims_and_minimises_like_the_numpy_passes(seed):
     assert fast.is_empty or fast.start == 0
 
 
+def _random_part(rng: np.random.Generator, k: int, layout: str) -> fa._Glued:
+    """A small random DFA table over k classes; its start entered or not, accepting at it or not."""
+    n = int(rng.integers(1, 12))
+    table = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+    table[rng.random((n, k)) < 0.6] = -1
+    start = int(rng.integers(0, n))
+    if rng.random() < 0.6:
+        table[table == start] = -1  # nothing enters the start: a glue leaves it out
+    accepting = rng.random(n) < 0.35
+    if layout == "F":
+        table = np.asfortranarray(table)
+    elif layout == "view":
+        table = np.concatenate([table, table], axis=1)[:, ::2]  # a strided view (every other column)
+    return fa._Glued(table, accepting, start)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_native_glue_writes_what_the_numpy_glue_writes(seed):
+    """`_glue_all` in C against its numpy pass: random parts (some repeated, as an array's items are; row-major,
+    column-major or strided tables), random skips; the same table, flags and start, or None for both."""
+    rng = np.random.default_rng(300 + seed)
+    k = int(rng.integers(1, 6))
+    pool = [_random_part(rng, k, str(rng.choice(["C", "F", "view"]))) for _ in range(4)]
+    parts = [pool[int(i)] for i in rng.integers(0, len(pool), size=int(rng.integers(2, 8)))]
+    skips = []
+    for i in range(len(parts) - 2):
+        if rng.random() < 0.4:
+            skips.append((i, int(rng.integers(i + 2, len(parts) + 1))))
+    budget = fa._Budget(10**9, None, "")
+    fast = fa._glue_all(parts, budget, skips)
+    with numpy_passes():
+        slow = fa._glue_all(parts, budget, skips)
+    assert (fast is None) == (slow is None)
+    if fast is not None:
+        assert np.array_equal(fast.table, slow.table) and np.array_equal(fast.accepting, slow.accepting)
+        assert fast.start == slow.start
+
+
+def test_native_glue_keeps_the_state_budget():
+    """The C glue answers to the state budget as the numpy pass does: at the glued size it fits, one state less
+    raises (after its work), and parts over the budget on their own raise before it."""
+    _, _, parts = fa._aligned([fa.compile(fa.literal(text)) for text in (b"ab", b"cde", b"f", b"ghij", b"kl")])
+    glued = fa._glue_all(parts, fa._Budget(10**9, None, ""))
+    total = len(glued)
+    assert total == 1 + 2 + 3 + 1 + 4 + 2  # each literal's states, every later start left out (nothing enters it)
+    assert fa._glue_all(parts, fa._Budget(total, None, "")) is not None
+    for limit in (total - 1, 3):
+        with pytest.raises(fa.BudgetExceeded):
+            fa._glue_all(parts, fa._Budget(limit, None, ""))
+        with numpy_passes(), pytest.raises(fa.BudgetExceeded):
+            fa._glue_all(parts, fa._Budget(limit, None, ""))
+
+
 # -- budgets -----------------------------------------------------------------------------------------------------
 
 
