@@ -9,6 +9,9 @@ compare both.
     state), with the state budget, the time budget and cancellation checked inside (every 2^14 units of work).
   * `minimise`: Hopcroft's partition refinement on the partial DFA, as refinable partitions of states and of
     transitions (Valmari and Lehtinen's formulation), O(m log n) for m live transitions; trimmed input only.
+
+Beside them, smaller passes that were numpy calls per part or per state: products, the glue of parts side by side
+(`glue`), the trie walks of the token index, the cursor's step.
 """
 
 from __future__ import annotations
