@@ -2010,7 +2010,7 @@ def _glue_all(parts: Sequence[_Glued], budget: _Budget, skips: Sequence[tuple[in
         return parts[0]
     native = _native.automata()
     if native is not None:
-        # (at most one start a part is left out: over the budget by this count, over it in all, before any work)
+        # (each later part loses at most its start: parts this far over the budget are over it glued, before the C pass)
         budget.check(sum(len(p) for p in parts) - (len(parts) - 1))
         skip_to = dict(skips)
         glued = native.glue([p.table for p in parts], [p.accepting for p in parts], [p.start for p in parts],

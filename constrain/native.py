@@ -10,8 +10,8 @@ compare both.
   * `minimise`: Hopcroft's partition refinement on the partial DFA, as refinable partitions of states and of
     transitions (Valmari and Lehtinen's formulation), O(m log n) for m live transitions; trimmed input only.
 
-Beside them, smaller passes that were numpy calls per part or per state: products, the glue of parts side by side
-(`glue`), the trie walks of the token index, the cursor's step.
+Beside them, smaller passes in C: products, the glue of parts side by side (`glue`), the trie walks of the token
+index, the cursor's step.
 """
 
 from __future__ import annotations
@@ -1157,8 +1157,8 @@ int32_t constrain_minimise(int32_t n, int32_t k, const int32_t *trans, const int
    skip[i] = j: part i's accepting states also step like part j's start (i + 1 < j < n_parts), or stay accepting
    (j = n_parts); -1: none. Part i's entry (q, c) is tables[i][q * strides[2i] + c * strides[2i + 1]] (numpy's
    strides in elements: its tables are often column-major). `out` and `acc_out` have room for the sum of n[i] rows,
-   row-major. Returns the rows written, -1
-   when an accepting state already steps on a class the next part's start steps on, -2 when out of memory. */
+   row-major. Returns the rows written, -1 when an accepting state already steps on a class the next part's start
+   steps on, -2 when out of memory. */
 int64_t constrain_glue(int32_t n_parts, int32_t k, const int32_t *const *tables, const int64_t *strides,
                        const uint8_t *const *accs, const int32_t *n, const int32_t *start, const int32_t *skip,
                        int32_t *out, uint8_t *acc_out) {

@@ -253,8 +253,8 @@ def test_native_glue_writes_what_the_numpy_glue_writes(seed):
 
 
 def test_native_glue_keeps_the_state_budget():
-    """The C glue answers to the state budget as the numpy pass does: at the glued size it fits, one state less
-    raises (after its work), and parts over the budget on their own raise before it."""
+    """The C glue answers to the state budget as the numpy pass does: at the glued size it fits; one state less, or a
+    budget below the parts' own sizes, raises on both paths."""
     _, _, parts = fa._aligned([fa.compile(fa.literal(text)) for text in (b"ab", b"cde", b"f", b"ghij", b"kl")])
     glued = fa._glue_all(parts, fa._Budget(10**9, None, ""))
     total = len(glued)
