@@ -60,5 +60,8 @@ def pointer_to_param(pointer: str) -> str:
 def join_pointer(pointer: str, *parts: str | int) -> str:
     """Append reference tokens to a JSON Pointer, escaping `~` and `/` (RFC 6901)."""
     for part in parts:
-        pointer += "/" + str(part).replace("~", "~0").replace("/", "~1")
+        text = part if type(part) is str else str(part)
+        if "~" in text or "/" in text:
+            text = text.replace("~", "~0").replace("/", "~1")
+        pointer = f"{pointer}/{text}"
     return pointer

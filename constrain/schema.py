@@ -1228,7 +1228,7 @@ def _desugar(schema: dict, pointer: str) -> dict:
     or present together with its requirement. if/then/else: anyOf[allOf[if, then], allOf[not if, else]].
     then/else without if, and minContains/maxContains without contains, assert nothing (dropped).
     """
-    if not any(k in schema for k in DESUGARED) and not (("minContains" in schema or "maxContains" in schema) and "contains" not in schema):
+    if DESUGARED.isdisjoint(schema) and not (("minContains" in schema or "maxContains" in schema) and "contains" not in schema):
         return schema
     out = {k: v for k, v in schema.items() if k not in DESUGARED}
     if "contains" not in schema:
@@ -1486,7 +1486,7 @@ class _Compiler:
             schema = merged
             if "$ref" in schema or "allOf" in schema:
                 return self.resolve(schema, pointer, refs)
-        if any(k in schema for k in UNEVALUATED) and self.unevaluated_applies():
+        if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and self.unevaluated_applies():  # UNEVALUATED
             schema = self.unevaluated(schema, pointer, self.in_place_choice(raw))
         return schema, pointer, refs
 
@@ -2517,10 +2517,38 @@ class _Compiler:
         elif rank is not None:
             slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
+        if all(extra is False and not patterns for _, patterns, extra in sides):
+            extra_member = None  # (closed: no other key, whatever the names; what the partition below would find)
+        else:
+            extra_member = self.extra_member(sides, named, names_expr, key_texts, pointer, extra_pointer, conjunction)
+        n_req = sum(1 for _, r in members if r)
+        if max_p is not None and n_req > max_p:
+            return fa.NOTHING
+        if extra_member is None:  # at most the declared members: bounds past their number say nothing more
+            if min_p > len(members):
+                return fa.NOTHING
+            if max_p is not None and max_p >= len(members):
+                max_p = None
+        counted = min_p > 0 or max_p is not None
+        if counted:
+            # the automaton counts members up to the larger bound, a state (at least) per count: one past the
+            # state budget is refused before building an expression of that size
+            key, bound = ("maxProperties", max_p) if max_p is not None else ("minProperties", min_p)
+            if bound > self.opts.max_states:
+                raise fa.BudgetExceeded(f"'{key}' {bound} counts members past the state budget of "
+                                        f"{self.opts.max_states} states", pointer=join_pointer(pointer, key))
+        body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
+        return fa.concat(syntax.obj_open, body, syntax.obj_close)
+
+    def extra_member(self, sides: list, named: set[str], names_expr: fa.Expr | None, key_texts: fa.Dfa | None,
+                     pointer: str, extra_pointer: str, conjunction: Any) -> fa.Expr | None:
+        """`object`'s members under keys other than `named`: the keys partitioned by which patterns (of any side) they
+        match, each part's value the conjunction of those patterns' schemas, else of the sides' additionalProperties;
+        None when no other key may come."""
+        syntax = self.syntax
         key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in named))) if named else ANY_TEXT
         if names_expr is not None:
             key_text = fa.intersect(key_text, names_expr)
-        # other keys, partitioned by which patterns (of any side) they match
         all_patterns = [(dfa, side) for side, (_, patterns, _) in enumerate(sides) for dfa, _, _ in patterns]
         regions: list[tuple[fa.Expr, frozenset[int]]] = [(key_text, frozenset())]
         for i, (dfa, _) in enumerate(all_patterns):
@@ -2543,31 +2571,15 @@ class _Compiler:
             if value != fa.NOTHING:
                 key = syntax.extra_key(keys) if key_texts is None else fa.intersect(syntax.extra_key(keys), key_texts)
                 extra_members.append(syntax.member(key, value))
-        extra_member = fa.union(*extra_members) if extra_members else None
-        n_req = sum(1 for _, r in members if r)
-        if max_p is not None and n_req > max_p:
-            return fa.NOTHING
-        if extra_member is None:  # at most the declared members: bounds past their number say nothing more
-            if min_p > len(members):
-                return fa.NOTHING
-            if max_p is not None and max_p >= len(members):
-                max_p = None
-        counted = min_p > 0 or max_p is not None
-        if counted:
-            # the automaton counts members up to the larger bound, a state (at least) per count: one past the
-            # state budget is refused before building an expression of that size
-            key, bound = ("maxProperties", max_p) if max_p is not None else ("minProperties", min_p)
-            if bound > self.opts.max_states:
-                raise fa.BudgetExceeded(f"'{key}' {bound} counts members past the state budget of "
-                                        f"{self.opts.max_states} states", pointer=join_pointer(pointer, key))
-        body = self.members(members, extra_member, min_p, max_p) if counted else self.members_uncounted(members, extra_member)
-        return fa.concat(syntax.obj_open, body, syntax.obj_close)
+        return fa.union(*extra_members) if extra_members else None
 
     def pattern_properties(self, schema: dict, pointer: str) -> list[tuple[fa.Dfa, Any, str]]:
         """(automaton of the decoded keys it matches, schema, pointer) per `patternProperties` entry."""
+        if "patternProperties" not in schema:
+            return []
         from constrain import regex as _regex
 
-        entries = schema.get("patternProperties", {})
+        entries = schema["patternProperties"]
         if not isinstance(entries, dict):
             raise InvalidSchema("'patternProperties' must be an object", pointer=join_pointer(pointer, "patternProperties"))
         if len(entries) > MAX_PATTERN_PROPERTIES:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring as _encode_string  # json.dumps' own, for ensure_ascii=False
 from typing import Any, Literal
 
 from constrain import automaton as fa
@@ -23,6 +24,8 @@ def encode_string(decoded: fa.Expr) -> fa.Expr:
 
 def dump_json(value: Any, whitespace: Whitespace = "compact") -> str:
     """A value in the canonical writing style (keys in the given order)."""
+    if type(value) is str:  # (what json.dumps gives a string, without building an encoder: keys, enum texts)
+        return _encode_string(value)
     separators = (",", ":") if whitespace == "compact" else (", ", ": ")
     return json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
 

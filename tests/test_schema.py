@@ -253,6 +253,22 @@ def test_dump_json_writes_both_styles():
     assert dump_json({"a": [1, "é"]}, "flexible") == '{"a": [1, "é"]}'
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)))
+def test_dump_json_writes_a_string_as_json_dumps_does(text):
+    # a string takes a shortcut past json.dumps' encoder: the same text, lone surrogates and controls too
+    for value in (text, "", "\ud800", "\x00\x1f\x7f", '"\\/', "\u2028\u2029"):
+        assert dump_json(value) == dump_json(value, "flexible") == json.dumps(value, ensure_ascii=False)
+
+
+def test_join_pointer_escapes_only_what_rfc_6901_escapes():
+    from constrain.errors import join_pointer
+
+    assert join_pointer("", "properties", "a/b", "c~d", 3, True) == "/properties/a~1b/c~0d/3/True"
+    assert join_pointer("/x") == "/x"
+    assert join_pointer("/x", "~/", "/~") == "/x/~0~1/~1~0"
+
+
 # ---------------------------------------------------------------------------
 # errors: class and pointer
 # ---------------------------------------------------------------------------
