@@ -1486,7 +1486,7 @@ class _Compiler:
             schema = merged
             if "$ref" in schema or "allOf" in schema:
                 return self.resolve(schema, pointer, refs)
-        if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and self.unevaluated_applies():  # UNEVALUATED
+        if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and self.unevaluated_applies():
             schema = self.unevaluated(schema, pointer, self.in_place_choice(raw))
         return schema, pointer, refs
 
@@ -2518,7 +2518,7 @@ class _Compiler:
             slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
         if all(extra is False and not patterns for _, patterns, extra in sides):
-            extra_member = None  # (closed: no other key, whatever the names; what the partition below would find)
+            extra_member = None  # closed: no other key may come (`extra_member` would find none)
         else:
             extra_member = self.extra_member(sides, named, names_expr, key_texts, pointer, extra_pointer, conjunction)
         n_req = sum(1 for _, r in members if r)
