@@ -1486,7 +1486,7 @@ class _Compiler:
             schema = merged
             if "$ref" in schema or "allOf" in schema:
                 return self.resolve(schema, pointer, refs)
-        if ("unevaluatedProperties" in schema or "unevaluatedItems" in schema) and self.unevaluated_applies():
+        if any(k in schema for k in UNEVALUATED) and self.unevaluated_applies():
             schema = self.unevaluated(schema, pointer, self.in_place_choice(raw))
         return schema, pointer, refs
 
@@ -2517,10 +2517,7 @@ class _Compiler:
         elif rank is not None:
             slots.sort(key=lambda slot: rank.get(slot[0], len(rank)))
         members = [(syntax.member(syntax.key(name), value), is_required) for name, value, is_required in slots]
-        if all(extra is False and not patterns for _, patterns, extra in sides):
-            extra_member = None  # closed: no other key may come (`extra_member` would find none)
-        else:
-            extra_member = self.extra_member(sides, named, names_expr, key_texts, pointer, extra_pointer, conjunction)
+        extra_member = self.extra_member(sides, named, names_expr, key_texts, pointer, extra_pointer, conjunction)
         n_req = sum(1 for _, r in members if r)
         if max_p is not None and n_req > max_p:
             return fa.NOTHING
@@ -2545,6 +2542,8 @@ class _Compiler:
         """`object`'s members under keys other than `named`: the keys partitioned by which patterns (of any side) they
         match, each part's value the conjunction of those patterns' schemas, else of the sides' additionalProperties;
         None when no other key may come."""
+        if all(extra is False and not patterns for _, patterns, extra in sides):
+            return None  # closed on every side: the partition below would find no member
         syntax = self.syntax
         key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in named))) if named else ANY_TEXT
         if names_expr is not None:
