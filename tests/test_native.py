@@ -970,3 +970,43 @@ def test_the_gap_between_ticks_agrees_with_a_plain_search(seed):
         assert native.automata().tick_gap(trans, effect, cap, fa.EFFECT_TICK, fa.EFFECT_NONE) == best
         assert cindex._tick_gap_numpy(trans, effect, cap) == best
         assert cindex._tick_gap(trans, effect, cap) == best
+
+
+def _mapped(arr: np.ndarray) -> np.ndarray:
+    """Per page of `arr`'s memory: whether it is mapped (mincore)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data - arr.ctypes.data % page
+    out = np.zeros((arr.ctypes.data + arr.nbytes - start + page - 1) // page, np.uint8)
+    assert native._mincore()(start, arr.ctypes.data + arr.nbytes - start, out.ctypes.data) == 0
+    return out & 1 == 1
+
+
+def test_populate_maps_the_pages_of_fresh_memory_and_leaves_mapped_memory_alone(monkeypatch):
+    import mmap
+
+    real = native._madvise()
+    if real is None or native._mincore() is None:
+        pytest.skip("this libc has no madvise or no mincore: populate does nothing")
+    calls = []
+
+    def spy(start, length, advice):
+        calls.append(real(start, length, advice))
+        return calls[-1]
+
+    monkeypatch.setattr(native, "_madvise", lambda: spy)
+    memory = mmap.mmap(-1, 64 * mmap.PAGESIZE)  # anonymous: no page mapped until touched
+    fresh = np.frombuffer(memory, np.int32)
+    assert not _mapped(fresh).any()
+    native.populate(fresh)
+    assert len(calls) == 1
+    if calls[0] != 0:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux 5.14+)")
+    assert _mapped(fresh).all() and not fresh.any()
+    written = np.ones(16 * mmap.PAGESIZE, np.int32)
+    assert _mapped(written).all()
+    native.populate(written)  # every page mapped: no advice
+    assert len(calls) == 1
+    del fresh
+    memory.close()
