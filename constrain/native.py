@@ -2051,8 +2051,8 @@ class TrieWalker:
         cls_off = np.zeros(n_classes + 1, np.int32)
         np.cumsum(np.bincount(byte_class, minlength=n_classes), out=cls_off[1:])
         runs = _digit_runs(trie)
-        loop = _digit_loops(keep[0], n_classes, byte_class)
-        digits = (0, 0, 0, 0) if runs is None or not loop.any() else (*(r.ctypes.data for r in runs), loop.ctypes.data)
+        loop = None if runs is None else _digit_loops(keep[0], n_classes, byte_class)  # (no runs: Qwen, Gemma)
+        digits = (0, 0, 0, 0) if loop is None or not loop.any() else (*(r.ctypes.data for r in runs), loop.ctypes.data)
         # alive as long as the walker: C reads them
         self._keep = (keep, acc, eos_arr, spec, spec_cls, own, first_below, node_byte, cls_bytes, cls_off, runs, loop)
         self._lib = lib
