@@ -2533,27 +2533,25 @@ _MADV_POPULATE_READ = 22
 
 
 @functools.cache
+def _libc(name: str, argtypes: tuple) -> Any:
+    """libc's function `name` (returning int), or None where it cannot be loaded."""
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def _madvise() -> Any:
-    """libc's madvise, or None where it cannot be loaded."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    """libc's madvise(addr, length, advice), or None."""
+    return _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
 
 
-@functools.cache
 def _mincore() -> Any:
-    """libc's mincore, or None where it cannot be loaded."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).mincore
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
+    """libc's mincore(addr, length, vec), or None."""
+    return _libc("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
 
 
 def populate(arr: np.ndarray) -> None:
