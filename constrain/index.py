@@ -3,7 +3,6 @@ budget, from exact per-state minimum token counts); a cursor per sequence."""
 
 from __future__ import annotations
 
-import array
 import functools
 import threading
 import time
@@ -1088,7 +1087,7 @@ class TokenIndex:
         keep live (`_PREFILL_FLOOR` once the walks given up reach `_PREFILL_WASTE` nodes a state), from one C call.
         The first `_EAGER_ROWS` new rows are made now, the others kept as their nonzero words until first read."""
         # (called at construction, before any state has a row: every state is a candidate; converting the list of rows
-        # to find them cost ~60 us a thousand states)
+        # to find them cost ~60 us on parallel_1to5_of_5's 2,012 states)
         states = np.arange(self._n_states, dtype=np.int32)
         self._fill_batch(states, _PREFILL_LIVE, _PREFILL_FLOOR, _PREFILL_WASTE * self._n_states)
 
@@ -1141,7 +1140,7 @@ class TokenIndex:
                     pending[first + i] = (pair_at[u], pair_at[u + 1])
             self._make_rows(first, np.asarray(new[:lazy_from], np.int64), pair_off, pairs)
             done = local >= 0
-            row_of = np.frombuffer(array.array("q", self._row_of), np.int64).copy()  # (quicker than np.asarray)
+            row_of = np.asarray(self._row_of, np.int64)
             row_of[states[done]] = np.asarray(row_of_u, np.int64)[local[done]]
             self._row_of = row_of.tolist()
 
