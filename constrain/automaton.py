@@ -1911,6 +1911,19 @@ def _first(expr: Expr, firsts: dict[int, tuple[int, bool]]) -> tuple[int, bool]:
     return out
 
 
+def starts_alike(exprs: Sequence[Expr]) -> bool:
+    """Whether two of `exprs` may start with a common symbol (`_first`'s supersets: may say so wrongly, never miss
+    one)."""
+    firsts: dict[int, tuple[int, bool]] = {}
+    seen = 0
+    for expr in exprs:
+        mask = _first(expr, firsts)[0]
+        if mask & seen:
+            return True
+        seen |= mask
+    return False
+
+
 class _Glued:
     """A trimmed DFA under construction over a shared class alphabet: `table[s, c]` is a target or -1."""
 

@@ -137,13 +137,14 @@ _LABEL = fa.difference(
     fa.concat(_ALNUM, fa.optional(fa.concat(fa.repeat(_LDH, 0, 61), _ALNUM))),
     fa.concat(_ANY_BYTE, _ANY_BYTE, _lit("--"), fa.repeat(_ANY_BYTE, 0)),  # RFC 5891 4.2.3.1 reserved "??--"
 )
-# The exact cap (253) costs ~24,000 states and ~2 s to compile (the product of total and label positions); 63
-# keeps 410 states and makes the 63-byte label cap implied.
-_HOSTNAME_MAX_BYTES = 63
-_HOSTNAME = fa.intersect(
-    fa.concat(_LABEL, fa.repeat(fa.concat(_lit("."), _LABEL), 0)),
-    fa.repeat(_ANY_BYTE, 1, _HOSTNAME_MAX_BYTES),
-)
+_HOSTNAME_LABELS = fa.concat(_LABEL, fa.repeat(fa.concat(_lit("."), _LABEL), 0))
+# The checker's cap on the whole name (253 bytes) in the automaton costs ~24,000 states and ~2 s to compile (the
+# product of total and label positions). Where the schema compiler can count the string's characters beside the
+# automaton (`counted_format`: a plain JSON string outside `not`), the labels alone are the automaton and the cursor
+# counts to 253; elsewhere the name is capped at 63 bytes (410 states; the 63-byte label cap then implied).
+HOSTNAME_MAX_BYTES = 253
+_HOSTNAME_NARROW_BYTES = 63
+_HOSTNAME = fa.intersect(_HOSTNAME_LABELS, fa.repeat(_ANY_BYTE, 1, _HOSTNAME_NARROW_BYTES))
 
 _ATOM = fa.repeat(_bytes_of("a-zA-Z0-9!#$%&'*+/=?^_`{|}~-"), 1)
 _QUOTED = fa.concat(
@@ -412,9 +413,9 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
         also takes signs, decimals, exponents, gaps such as `P1Y2D`, `P1WT1H`.
       - email: RFC 5321 `Mailbox` (dot-atom or quoted local part; LDH domain, `[IPv4]` or `[IPv6:...]`),
         no general address literals; the checker takes any string containing `@`.
-      - hostname: ASCII LDH labels, 1-63 bytes in all (the checker allows 253, which costs ~24k states), no
-        trailing dot, no label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not
-        checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
+      - hostname: ASCII LDH labels, 1-63 bytes in all here (the checker allows 253, which costs ~24k states in
+        the automaton; a JSON string the schema compiler counts takes 253: `counted_format`), no trailing dot, no
+        label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
       - uri, uri-reference, iri, iri-reference: RFC 3986 `URI`, `URI-reference`, RFC 3987 `IRI`, `IRI-reference`
         (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.
@@ -439,6 +440,15 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
     if name not in _FORMATS:
         raise UnsupportedSchema(f"format {name!r} is not supported; supported: {', '.join(SUPPORTED_FORMATS)}", pointer=pointer)
     return _built(name)
+
+
+def counted_format(name: str) -> tuple[fa.Expr, int, int] | None:
+    """`(expression, cap, narrow)` for a format whose value is a regular language cut at a length its automaton
+    cannot hold cheaply: the language without the cut, the most characters a value has (the caller counts them
+    beside the automaton, or bounds them in a product where the bounds it has are near), and the length
+    `format_expr` narrows it to instead; None for the others (`format_expr` is then the whole format). hostname: LDH
+    labels of at most 63 bytes, at most `HOSTNAME_MAX_BYTES` in all (ASCII: a byte a character), narrowed to 63."""
+    return (_HOSTNAME_LABELS, HOSTNAME_MAX_BYTES, _HOSTNAME_NARROW_BYTES) if name == "hostname" else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,6 +36,10 @@ FREE_FORM_WINDOW = 3
 # `maxLength: 65535` string: over the 100k-state budget unrolled, 19 states counted; `format: email` with
 # `maxLength: 1024`: 13,935 -> 350).
 COUNTED_MIN_CHARS = 512
+# A format cut at a length its automaton holds only at a high cost (`formats.counted_format`: hostname's 253 bytes,
+# ~24,000 states as a product) is counted the same way when the cut leaves more characters beyond minLength than
+# any token of the supported vocabularies spells (128 bytes at most), else narrowed as `formats.format_expr` has it.
+COUNTED_FORMAT_MIN_CHARS = 128
 # A recursive `$ref` cut at max_depth in an automaton of at most 1/DEEPEN_FROM_SHARE of the state budget is unrolled
 # up to DEEPEN_LEVELS levels deeper while that fits in 1/DEEPEN_BUDGET_SHARE of it (`compile_schema`). Of the 603
 # JSONSchemaBench schemas with a `$ref` that compile, 38 cut one; 14 of those unroll deeper under these shares
@@ -1309,6 +1313,11 @@ class _Compiler:
         self.counters = False
         self.stack = False
         self.stacked = [False]
+        # A format whose length cap is costly in the automaton (`formats.counted_format`: hostname) is counted too
+        # where counting is on, but not in the branches of an `anyOf`/`oneOf` that start alike (`count_formats`
+        # False there: see `_value`); `formats_counted[0]`: how many were (shared by the nested compilers).
+        self.count_formats = True
+        self.formats_counted = [0]
         self.cut = [False]  # whether a recursive `$ref` was cut at `ref_limit` (shared by the nested compilers)
         self.recursive = [False]  # whether a `$ref` was met inside its own expansion (likewise shared)
         self.free_nesting = [False]  # whether free-form values nest at most max_depth levels somewhere (likewise)
@@ -1360,6 +1369,23 @@ class _Compiler:
         other.key_rank = rank
         return other
 
+    def with_formats_narrowed(self) -> "_Compiler":
+        """This compiler, with every format narrowed as `formats.format_expr` has it (none counted)."""
+        if not self.count_formats:
+            return self
+        other = object.__new__(_Compiler)
+        other.__dict__.update(self.__dict__)
+        other.count_formats = False
+        return other
+
+    def branches(self, key: str, rest: dict, branches: list, pointer: str, refs: tuple[str, ...]) -> list[fa.Expr]:
+        """The texts of each branch of `anyOf`/`oneOf` (`key`), with the keywords beside it (`rest`)."""
+        exprs = []
+        for i, branch in enumerate(branches):
+            combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
+            exprs.append(self.value(combined, join_pointer(pointer, key, i), refs))
+        return exprs
+
     def nested(self, syntax: JsonSyntax) -> "_Compiler":
         """This compiler, writing with another syntax (caches and budgets shared)."""
         if syntax is self.syntax:
@@ -1389,7 +1415,7 @@ class _Compiler:
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean, got {type(schema).__name__}", pointer=pointer)
         pointer = self._where.get(id(schema), pointer)
-        key = (id(schema), refs, self.syntax.name, self.syntax.whitespace, id(self.key_rank))
+        key = (id(schema), refs, self.syntax.name, self.syntax.whitespace, id(self.key_rank), self.count_formats)
         hit = self._memo.get(key)
         if hit is not None:
             return hit[1]
@@ -1719,11 +1745,15 @@ class _Compiler:
                 compiler = self if union else self.ranked([rest, *branches])
                 if not union and mentions_not([rest, *branches]):
                     compiler = self.ranked([self.root, rest, *branches])
-                exprs = []
-                for i, branch in enumerate(branches):
-                    bp = join_pointer(pointer, key, i)
-                    combined = {"allOf": [rest, branch]} if any(k not in ANNOTATIONS for k in rest) else branch
-                    exprs.append(compiler.value(combined, bp, refs))
+                counted_before = self.formats_counted[0]
+                exprs = compiler.branches(key, rest, branches, pointer, refs)
+                if self.formats_counted[0] > counted_before and fa.starts_alike(exprs):
+                    # a counted format cap beside an alternative that starts alike (`anyOf: [hostname, ipv4]`): the
+                    # counter's markers could not be folded and the whole schema would be compiled again without
+                    # counters (Snowplow sp_371 then went over the state budget on its first try); these branches
+                    # narrow the format instead
+                    compiler = compiler.with_formats_narrowed()
+                    exprs = compiler.branches(key, rest, branches, pointer, refs)
                 if union:
                     return fa.union(*exprs)
                 if mentions_not([rest, *branches]):
@@ -1869,6 +1899,7 @@ class _Compiler:
         if hi is not None and hi < lo:
             return fa.NOTHING, False
         parts: list[fa.Expr] = []
+        format_cap = False  # a format's own length cap (`formats.counted_format`) became `hi`, to be counted
         patterns = [(schema["pattern"], join_pointer(pointer, "pattern"))] if "pattern" in schema else []
         patterns += schema.get("_patterns", [])
         formats = [(schema["format"], join_pointer(pointer, "format"))] if "format" in schema else []
@@ -1889,6 +1920,24 @@ class _Compiler:
             if self.negations:
                 # formats are enforced exactly or narrower; under `not` narrower would mean accepting valid values
                 raise UnsupportedSchema(f"'format' {name!r} inside 'not' (or 'if', or 'maxContains') is not supported", pointer=where)
+            uncut = _formats.counted_format(name)
+            if uncut is not None:
+                language, cap, narrow = uncut
+                top = cap if hi is None else min(hi, cap)
+                countable = counted and self.count_formats
+                if countable and top - lo > COUNTED_FORMAT_MIN_CHARS:
+                    # the format's language without its length cap, the cap counted with maxLength (hostname: 253)
+                    format_cap = True
+                    self.formats_counted[0] += 1
+                elif not ((countable and top > narrow) or lo > narrow):
+                    uncut = None  # narrowed (`format_expr`)
+                # else: the cap within a token's reach of minLength, or a maxLength below it, where a counter could
+                # have been kept, or a minLength past the narrowed length: the exact product (hostname: at most
+                # ~24,000 states)
+                if uncut is not None:
+                    parts.append(self.point(language, where))
+                    hi = top
+                    continue
             parts.append(self.point(_formats.format_expr(name, pointer=where), where))
         if not parts and not lo and hi is None:
             return ANY_TEXT_ANY_LENGTH, False
@@ -1910,7 +1959,7 @@ class _Compiler:
             where = join_pointer(pointer, "maxLength" if hi is not None else "minLength")
             if shape.specials:
                 return fa.intersect(shape, self.point(fa.repeat(fa.ANY_CHAR, lo, hi), where)), False
-            if counted and hi is not None and hi - lo >= COUNTED_MIN_CHARS:
+            if counted and hi is not None and (hi - lo >= COUNTED_MIN_CHARS or format_cap):
                 # the pattern's or format's own automaton, its characters counted (no length product)
                 chars = fa.concat(fa.repeat(fa.ANY_CHAR, lo, lo), fa.counted_chars(hi - lo, fa.ANY_CHAR))
                 return self.point(fa.intersect(chars, shape), where), True
@@ -2203,7 +2252,12 @@ class _Compiler:
         inner = self.nested(self.syntax.child())
         sep = self.syntax.item_sep
         prefix_exprs = [inner.value(s, join_pointer(pointer, prefix_key, i), refs) for i, s in enumerate(prefix)]
+        counted_before = self.formats_counted[0]
         rest = fa.NOTHING if items is False else inner.value(items, items_pointer, refs)
+        if (self.formats_counted[0] > counted_before and hi is not None and self.may_count() and not prefix_exprs
+                and "contains" not in schema and self.counts_items(fa.measure(rest)[:2] + (False,), lo, hi)):
+            # items that count a format cap (hostname) are never counted as an array's items: narrowed, they are
+            rest = inner.with_formats_narrowed().value(items, items_pointer, refs)
         if rest == fa.NOTHING:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and hi < lo:
@@ -2371,7 +2425,8 @@ class _Compiler:
             raise fa.BudgetExceeded(f"'{key}' {bound} counts elements past the state budget of {self.opts.max_states} "
                                     "states", pointer=join_pointer(pointer, key))
         sub = schema["contains"]
-        inner = self.nested(self.syntax.child())
+        # (each element is one of two alternatives that start alike: a format cap counted in them could not be folded)
+        inner = self.nested(self.syntax.child()).with_formats_narrowed()
         if top is not None:
             inner = inner.ranked([self.root, schema])
         sep = self.syntax.item_sep

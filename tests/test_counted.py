@@ -456,3 +456,102 @@ def test_a_token_without_effect_bytes_steps_as_the_counted_walk(vocab_name, seed
                     assert got == expected, (t, vocab.token_bytes[t])
                     kinds[index._counts(t, vocab.token_bytes[t])] += 1
     assert kinds[True] > 500 and kinds[False] > 500
+
+
+# --- a format's length cap counted: hostname's 253 bytes (`formats.counted_format`) -------------------------------
+
+HOSTNAME = {"type": "string", "format": "hostname"}
+
+
+def _hostname(rng: random.Random, n: int) -> str:
+    """A random LDH name of `n` bytes (labels of 1..63, no label with `--` at positions 3-4)."""
+    labels, left = [], n
+    while left > 0:
+        size = min(left, rng.randint(1, 63))
+        if left - size == 1:  # (a last label of one byte would leave no room for its dot)
+            size = max(size - 1, 1) if size > 1 else 2
+        size = min(size, left)
+        label = "".join(rng.choice("abcxyz019-") for _ in range(size))
+        label = "a" + label[1:-1] + "z" if size > 1 else "a"
+        labels.append(label.replace("--", "-a")[:size] if size > 3 else label)
+        left -= size + 1
+    return ".".join(labels)
+
+
+def test_hostname_in_a_json_string_counts_to_253_bytes():
+    from jsonschema import Draft202012Validator
+
+    checker = Draft202012Validator.FORMAT_CHECKER
+    dfa = compile_schema(HOSTNAME).dfa
+    assert fa.has_counters(dfa) and dfa.n_states < 300  # the cap in the automaton: ~24,000 states
+    longest = ".".join(["a" * 63] * 3 + ["b" * 61])
+    assert len(longest) == 253 and dfa.matches(f'"{longest}"'.encode())
+    assert not dfa.matches(f'"{longest}c"'.encode()) and not dfa.matches(f'"{"a" * 64}.com"'.encode())
+    assert dfa.matches(f'"{"a" * 63}.com"'.encode())  # 67 bytes: past the 63 the automaton alone keeps
+    rng = random.Random(0)
+    for _ in range(400):
+        value = _hostname(rng, rng.randint(1, 262))
+        text = json.dumps(value).encode()
+        assert dfa.matches(text) == checker.conforms(value, "hostname"), value
+
+
+@pytest.mark.parametrize("schema", [
+    {"anyOf": [HOSTNAME, {"type": "string", "format": "ipv4"}]},  # branches that start alike (Snowplow sp_371)
+    {"type": "array", "contains": HOSTNAME},  # each element is a match or not: two alternatives alike
+    {"type": "array", "items": HOSTNAME, "maxItems": 1000},  # counted items: never items that count themselves
+])
+def test_where_a_hostname_cap_cannot_be_counted_it_is_narrowed_to_63_bytes(schema):
+    dfa = compile_schema(schema).dfa
+    wrap = (lambda v: [v]) if schema.get("type") == "array" else (lambda v: v)
+    assert not dfa.matches(json.dumps(wrap("a" * 63 + ".com")).encode())  # over 63 bytes: narrowed
+    assert dfa.matches(json.dumps(wrap("a" * 59 + ".com")).encode())
+
+
+@pytest.mark.parametrize(("bounds", "most_states"), [({"maxLength": 100}, 6000), ({"minLength": 200}, 30000)])
+def test_a_hostname_cap_within_a_tokens_reach_of_its_bounds_is_exact_in_the_automaton(bounds, most_states):
+    # too few characters to count (a token may spell 128): the cap and the bounds in a product, exact
+    dfa = compile_schema({**HOSTNAME, **bounds}).dfa
+    assert not fa.has_counters(dfa) and dfa.n_states < most_states
+    lo, hi = bounds.get("minLength", 1), bounds.get("maxLength", 253)
+    for n in (lo - 1, lo, 150, hi, hi + 1):
+        if n < 1:
+            continue
+        name = ".".join(["a" * 63] * 4)[:n - 1] + "b"  # labels of 63 bytes, the last one cut short
+        assert dfa.matches(json.dumps(name).encode()) == (lo <= n <= hi), n
+
+
+def test_hostname_cap_counted_once_not_compiled_again(monkeypatch):
+    # the narrowing of branches that start alike happens while the expression is built: one compile, not a second
+    # one without counters (which narrows every other counted string of the schema too)
+    calls = []
+    real = schema_module._compile_with
+    monkeypatch.setattr(schema_module, "_compile_with", lambda *a, **k: calls.append(k["counters"]) or real(*a, **k))
+    long_text = {"type": "string", "maxLength": 5000}
+    compile_schema({"type": "object", "properties": {"h": {"anyOf": [HOSTNAME, {"type": "string", "format": "ipv4"}]},
+                                                    "t": long_text}})
+    assert calls == [True]
+
+
+def test_hostname_masks_equal_the_capped_automaton_masks_llama3(llama3_vocab, monkeypatch):
+    # the cap at 160 (cheap as a product: 12k states), counted against the product, token by token near the cap
+    from constrain import formats
+
+    monkeypatch.setattr(formats, "HOSTNAME_MAX_BYTES", 160)
+    counted = compile_schema(HOSTNAME).dfa
+    monkeypatch.setattr(schema_module, "COUNTED_FORMAT_MIN_CHARS", 10**9)
+    monkeypatch.setattr(formats, "_HOSTNAME", fa.intersect(formats._HOSTNAME_LABELS, fa.repeat(formats._ANY_BYTE, 1, 160)))
+    formats._built.cache_clear()
+    try:
+        capped = compile_schema(HOSTNAME).dfa
+    finally:
+        formats._built.cache_clear()
+    vocab = llama3_vocab
+    lengths = np.array([len(t) for t in vocab.token_bytes])
+
+    def choose(rng, byte_tokens):
+        if rng.random() < 0.7:
+            return int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:40]]))
+        return int(rng.choice(byte_tokens))
+
+    index, near = _walk_both(vocab, counted, capped, 20, 7, choose, stop_p=0.02)
+    assert near > 50
