@@ -138,10 +138,11 @@ _LABEL = fa.difference(
     fa.concat(_ANY_BYTE, _ANY_BYTE, _lit("--"), fa.repeat(_ANY_BYTE, 0)),  # RFC 5891 4.2.3.1 reserved "??--"
 )
 _HOSTNAME_LABELS = fa.concat(_LABEL, fa.repeat(fa.concat(_lit("."), _LABEL), 0))
-# The checker's cap on the whole name (253 bytes) in the automaton costs ~24,000 states and ~2 s to compile (the
-# product of total and label positions). Where the schema compiler can count the string's characters beside the
-# automaton (`counted_format`: a plain JSON string outside `not`), the labels alone are the automaton and the cursor
-# counts to 253; elsewhere the name is capped at 63 bytes (410 states; the 63-byte label cap then implied).
+# The checker's cap on the whole name (253 bytes) in the automaton costs ~24,000 states (the product of total and
+# label positions: ~10 ms to compile, but a row per state for the index). Where the schema compiler can count the
+# string's characters beside the automaton (`counted_format`: a plain JSON string outside `not`), the labels alone
+# are the automaton (125 states) and the cursor counts to 253; elsewhere the name is capped at 63 bytes (410
+# states; the 63-byte label cap then implied).
 HOSTNAME_MAX_BYTES = 253
 _HOSTNAME_NARROW_BYTES = 63
 _HOSTNAME = fa.intersect(_HOSTNAME_LABELS, fa.repeat(_ANY_BYTE, 1, _HOSTNAME_NARROW_BYTES))
@@ -415,7 +416,8 @@ def format_expr(name: str, *, pointer: str = "") -> fa.Expr:
         no general address literals; the checker takes any string containing `@`.
       - hostname: ASCII LDH labels, 1-63 bytes in all here (the checker allows 253, which costs ~24k states in
         the automaton; a JSON string the schema compiler counts takes 253: `counted_format`), no trailing dot, no
-        label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not checked); the checker also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
+        label with `--` at positions 3-4 (so no `xn--` A-labels: Punycode validity is not checked); the checker
+        also takes a trailing dot or newline, Unicode digits, case-folded letters (Kelvin).
       - uuid: 8-4-4-4-12 hex digits only; the checker's `UUID()` also takes extra hyphens, `_`, `0x`, ...
       - uri, uri-reference, iri, iri-reference: RFC 3986 `URI`, `URI-reference`, RFC 3987 `IRI`, `IRI-reference`
         (dec-octet without leading zeros in IPv4 inside brackets); no trailing newline.

@@ -38,7 +38,9 @@ FREE_FORM_WINDOW = 3
 COUNTED_MIN_CHARS = 512
 # A format cut at a length its automaton holds only at a high cost (`formats.counted_format`: hostname's 253 bytes,
 # ~24,000 states as a product) is counted the same way when the cut leaves more characters beyond minLength than
-# any token of the supported vocabularies spells (128 bytes at most), else narrowed as `formats.format_expr` has it.
+# any token of the supported vocabularies spells (128 bytes at most); where counting is on but the bounds leave
+# fewer, or minLength passes the narrowed length, the cap is a product with them (exact); else narrowed as
+# `formats.format_expr` has it.
 COUNTED_FORMAT_MIN_CHARS = 128
 # A recursive `$ref` cut at max_depth in an automaton of at most 1/DEEPEN_FROM_SHARE of the state budget is unrolled
 # up to DEEPEN_LEVELS levels deeper while that fits in 1/DEEPEN_BUDGET_SHARE of it (`compile_schema`). Of the 603
