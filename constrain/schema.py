@@ -1927,16 +1927,14 @@ class _Compiler:
                 language, cap, narrow = uncut
                 top = cap if hi is None else min(hi, cap)
                 countable = counted and self.count_formats
-                if countable and top - lo > COUNTED_FORMAT_MIN_CHARS:
-                    # the format's language without its length cap, the cap counted with maxLength (hostname: 253)
-                    format_cap = True
-                    self.formats_counted[0] += 1
-                elif not ((countable and top > narrow) or lo > narrow):
-                    uncut = None  # narrowed (`format_expr`)
-                # else: the cap within a token's reach of minLength, or a maxLength below it, where a counter could
-                # have been kept, or a minLength past the narrowed length: the exact product (hostname: at most
-                # ~24,000 states)
-                if uncut is not None:
+                counts = countable and top - lo > COUNTED_FORMAT_MIN_CHARS
+                # the format's language without its length cap, the cap then counted with maxLength (hostname: 253);
+                # or, within a token's reach of minLength or past a lower maxLength where a counter could have been
+                # kept, or with a minLength past the narrowed length, the cap in the exact product with the bounds
+                # (hostname: at most ~24,000 states); else narrowed (`format_expr`)
+                if counts or (countable and top > narrow) or lo > narrow:
+                    format_cap = format_cap or counts
+                    self.formats_counted[0] += counts
                     parts.append(self.point(language, where))
                     hi = top
                     continue
@@ -2254,10 +2252,15 @@ class _Compiler:
         inner = self.nested(self.syntax.child())
         sep = self.syntax.item_sep
         prefix_exprs = [inner.value(s, join_pointer(pointer, prefix_key, i), refs) for i, s in enumerate(prefix)]
+
+        def counted_items(measured: tuple[int, int, bool]) -> bool:
+            """Whether the items `rest`, so measured (`fa.measure`), are counted as this array's (`counted_array`)."""
+            return (self.may_count() and not prefix_exprs and "contains" not in schema and hi is not None
+                    and rest != fa.NOTHING and self.counts_items(measured, lo, hi))
+
         counted_before = self.formats_counted[0]
         rest = fa.NOTHING if items is False else inner.value(items, items_pointer, refs)
-        if (self.formats_counted[0] > counted_before and hi is not None and self.may_count() and not prefix_exprs
-                and "contains" not in schema and self.counts_items(fa.measure(rest)[:2] + (False,), lo, hi)):
+        if self.formats_counted[0] > counted_before and counted_items(fa.measure(rest)[:2] + (False,)):
             # items that count a format cap (hostname) are never counted as an array's items: narrowed, they are
             rest = inner.with_formats_narrowed().value(items, items_pointer, refs)
         if rest == fa.NOTHING:
@@ -2275,8 +2278,7 @@ class _Compiler:
             distinct = self.distinct_items(schema, pointer, prefix_exprs, rest, lo, hi)
             if distinct is not None:
                 return distinct
-        if (self.may_count() and not prefix_exprs and "contains" not in schema and hi is not None
-                and rest != fa.NOTHING and self.counts_items(fa.measure(rest), lo, hi)):
+        if counted_items(fa.measure(rest)):
             return self.counted_array(rest, lo, hi, pointer)
         if "contains" in schema:
             counted = self.contains(schema, pointer, refs, prefix, items, lo, hi)
