@@ -126,11 +126,16 @@ def main() -> int:
     ap.add_argument("--shallower", action="store_true",
                     help="compile with shallower=True (recursion and free-form nesting below max_depth where that is over the "
                          "state budget); reported beside the baseline, never written to it")
+    ap.add_argument("--max-states", type=int, help=f"compile with this state budget (default {corpus.OPTIONS['max_states']:,}); "
+                    "reported beside the baseline, never written to it")
+    ap.add_argument("--timeout-s", type=float, help=f"compile with this time budget (default {corpus.OPTIONS['timeout_s']} s); "
+                    "reported beside the baseline, never written to it")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the worker pool's cleanup runs
-    if args.update and (args.quick or args.shallower):
-        ap.error("--update needs the full corpus under the default options (drop --quick and --shallower)")
-    options = {**corpus.OPTIONS, "shallower": True} if args.shallower else corpus.OPTIONS
+    budgets = {k: v for k, v in (("max_states", args.max_states), ("timeout_s", args.timeout_s)) if v is not None}
+    if args.update and (args.quick or args.shallower or budgets):
+        ap.error("--update needs the full corpus under the default options (drop --quick, --shallower and the budgets)")
+    options = {**corpus.OPTIONS, **({"shallower": True} if args.shallower else {}), **budgets}
 
     report = {"environment": {"python": platform.python_version(), "machine": platform.machine(), "options": options}, "corpora": {}}
     status = 0
@@ -150,6 +155,7 @@ def main() -> int:
         start = time.monotonic()
         todo = [c for c in cases if c.id not in done]
         results = {**done, **corpus.run_cases(todo, workers=args.workers, options=options,
+                                               hard_timeout_s=max(corpus.HARD_TIMEOUT_S, 4 * options["timeout_s"]),
                                                progress=_progress(name, args.checkpoint, done))}
         print_table(f"{name}: {len(cases)} schemas in {time.monotonic() - start:.0f} s", cases, results)
         print_reasons(results)

@@ -99,7 +99,11 @@ DESUGARED = frozenset({"dependencies", "dependentRequired", "dependentSchemas", 
 _REF_ALONE_DRAFTS = ("draft3", "draft4", "draft6", "draft7")
 NOT_MARK = "#not"  # pushed on the `$ref` stack at each `not`: recursion is counted afresh inside the operand
 MAX_NOT_NESTING = 16
-MAX_PATTERN_PROPERTIES = 8
+# An object's undeclared keys are partitioned by the set of its `patternProperties` they match (`extra_member`): n
+# patterns that overlap freely make up to 2^n parts, pairwise disjoint ones n + 1. Only the parts some key reaches are
+# kept; an object whose patterns make more than MAX_KEY_REGIONS is refused. (Until session 36 the bound was a count,
+# 8 patterns, which refused Github_hard o12335's 19 disjoint ones: 20 parts, 5,598 states, 0.25 s.)
+MAX_KEY_REGIONS = 256
 # The largest count keyword (`maxLength`, `minItems`, ...) enforced: counted strings and arrays keep their bound in an
 # int64 beside the automaton. Past it a bound is `UnsupportedSchema` (no output could reach it anyway).
 MAX_COUNT = 2**63 - 1
@@ -2607,15 +2611,19 @@ class _Compiler:
         key_text = fa.difference(ANY_TEXT, fa.union(*(fa.literal(n.encode()) for n in named))) if named else ANY_TEXT
         if names_expr is not None:
             key_text = fa.intersect(key_text, names_expr)
-        all_patterns = [(dfa, side) for side, (_, patterns, _) in enumerate(sides) for dfa, _, _ in patterns]
+        all_patterns = [(dfa, where) for _, patterns, _ in sides for dfa, _, where in patterns]
         regions: list[tuple[fa.Expr, frozenset[int]]] = [(key_text, frozenset())]
-        for i, (dfa, _) in enumerate(all_patterns):
+        for i, (dfa, where) in enumerate(all_patterns):
             split = []
             for keys, matched in regions:
                 for part, now in ((fa.intersect(keys, dfa), matched | {i}), (fa.difference(keys, dfa), matched)):
                     part = fa.compile(part, max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
                     if not part.is_empty:
                         split.append((part, now))
+            if len(split) > MAX_KEY_REGIONS:
+                raise UnsupportedSchema(
+                    f"the 'patternProperties' up to this one split the undeclared keys into more than {MAX_KEY_REGIONS} "
+                    "sets by the patterns they match (each set is a member automaton of its own)", pointer=where)
             regions = split
         extra_members = []
         for keys, matched in regions:
@@ -2640,11 +2648,6 @@ class _Compiler:
         entries = schema["patternProperties"]
         if not isinstance(entries, dict):
             raise InvalidSchema("'patternProperties' must be an object", pointer=join_pointer(pointer, "patternProperties"))
-        if len(entries) > MAX_PATTERN_PROPERTIES:
-            raise UnsupportedSchema(
-                f"more than {MAX_PATTERN_PROPERTIES} 'patternProperties' (the keys are partitioned by every subset)",
-                pointer=join_pointer(pointer, "patternProperties"),
-            )
         out = []
         for pattern, sub in entries.items():
             where = join_pointer(pointer, "patternProperties", pattern)
