@@ -1,4 +1,5 @@
-"""The token trie: every array equals a plain-Python oracle built from the set of token prefixes."""
+"""The token trie: every array equals a plain-Python oracle built from the set of token prefixes, both as the C
+builder makes it and as the numpy fallback does."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from constrain import trie as ctrie
 from constrain.trie import _build_trie
 from constrain.vocabulary import Vocabulary
 
@@ -59,12 +61,25 @@ def oracle_trie(vocab: Vocabulary) -> dict:
 
 
 def assert_trie_equals_oracle(vocab: Vocabulary) -> None:
-    trie, expected = _build_trie(vocab), oracle_trie(vocab)
-    assert trie.depth_start == expected["depth_start"]
-    for name in _ARRAYS:
-        got, want = getattr(trie, name), expected[name]
-        assert got.dtype == want.dtype and got.shape == want.shape, name
-        assert np.array_equal(got, want), name
+    expected, lib = oracle_trie(vocab), ctrie._native()
+    builds = [ctrie._build_trie_numpy(vocab)] + ([] if lib is None else [ctrie._build_trie_native(vocab, lib)])
+    for trie in builds:
+        assert trie.depth_start == expected["depth_start"]
+        for name in _ARRAYS:
+            got, want = getattr(trie, name), expected[name]
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert np.array_equal(got, want), name
+
+
+def test_the_c_builder_is_built_and_used_where_a_compiler_is(monkeypatch):
+    # (as the automaton passes, tests/test_native.py; CONSTRAIN_NATIVE=0 takes the numpy builder everywhere)
+    assert ctrie._native() is not None
+
+    def numpy_builder(vocab):
+        raise AssertionError("the numpy builder ran where the C one was built")
+
+    monkeypatch.setattr(ctrie, "_build_trie_numpy", numpy_builder)
+    assert _build_trie(make_vocab([b"ab", b"a"])).node_byte.tolist() == [ord("a"), ord("b")]
 
 
 def make_vocab(tokens, **kwargs) -> Vocabulary:
