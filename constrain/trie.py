@@ -141,6 +141,17 @@ def _lengths(token_bytes: tuple[bytes, ...]) -> np.ndarray:
         return np.fromiter(map(len, token_bytes), dtype=np.int32, count=len(token_bytes))
 
 
+def _byte_tokens(vocab: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every token's length (int32), all tokens' bytes then 8 zero bytes (uint8), the ids of the tokens in the trie:
+    not special, not EOS, not empty (int32, ascending))."""
+    token_bytes = vocab.token_bytes
+    lens = _lengths(token_bytes)
+    flat = np.frombuffer(_concat(token_bytes), dtype=np.uint8)
+    usable = lens > 0
+    usable[[int(t) for t in (*vocab.special_ids, *vocab.eos_ids) if 0 <= int(t) < len(token_bytes)]] = False
+    return lens, flat, np.flatnonzero(usable).astype(np.int32)
+
+
 def _build_trie(vocab: Any) -> _Trie:
     """The trie of `vocab`'s byte tokens (neither special nor EOS nor empty): in C where the library builds
     (`_build_trie_native`), else in numpy (`_build_trie_numpy`); the two give equal arrays (tests/test_trie.py)."""
@@ -155,24 +166,17 @@ def _build_trie_numpy(vocab: Any) -> _Trie:
     # per-depth loop; int32 temporaries, freed early (a fresh process keeps about the peak as RSS).
     # (bench_engine.py --prep-only: 0.45-0.60x xgrammar's time; depth by depth with np.unique, it was 1.04-1.20x.)
     # The fallback where the C builder cannot be built (`_build_trie_native`, which gives equal arrays).
-    token_bytes = vocab.token_bytes
-    n_all = len(token_bytes)
-    lens_all = _lengths(token_bytes)
-    flat = np.frombuffer(_concat(token_bytes), dtype=np.uint8)
+    lens_all, flat, ids = _byte_tokens(vocab)
     idx = np.int32 if flat.shape[0] < 2**31 else np.int64  # byte offsets
-    offs_all = np.zeros(n_all, dtype=idx)
-    if n_all:
+    offs_all = np.zeros(lens_all.shape[0], dtype=idx)
+    if lens_all.shape[0]:
         np.cumsum(lens_all[:-1], out=offs_all[1:])
-    usable = lens_all > 0
-    excluded = np.fromiter({int(t) for t in (*vocab.special_ids, *vocab.eos_ids) if 0 <= int(t) < n_all}, dtype=np.int64)
-    usable[excluded] = False
-    ids = np.flatnonzero(usable).astype(np.int32)
     n = int(ids.shape[0])
     if n == 0:
         none = np.zeros(0, dtype=np.int32)
         return _Trie(np.zeros(0, dtype=np.uint8), none, none, none, none, none, none, none, (0,))
     lens, offs = lens_all[ids], offs_all[ids]
-    del lens_all, offs_all, usable
+    del lens_all, offs_all
     perm, lcp = _sort_tokens(flat, offs, lens)
     length = lens[perm]
     offs = offs[perm]
@@ -445,16 +449,10 @@ def _ptr(a: np.ndarray) -> int:
 
 
 def _build_trie_native(vocab: Any, lib: Any) -> _Trie:
-    token_bytes = vocab.token_bytes
-    lens = _lengths(token_bytes)
-    flat = np.frombuffer(_concat(token_bytes), dtype=np.uint8)
-    offs = np.zeros(len(token_bytes), dtype=np.int64)
-    if len(token_bytes):
+    lens, flat, ids = _byte_tokens(vocab)
+    offs = np.zeros(lens.shape[0], dtype=np.int64)
+    if lens.shape[0]:
         np.cumsum(lens[:-1], out=offs[1:])
-    usable = lens > 0
-    excluded = [int(t) for t in (*vocab.special_ids, *vocab.eos_ids) if 0 <= int(t) < len(token_bytes)]
-    usable[excluded] = False
-    ids = np.flatnonzero(usable).astype(np.int32)
     n = int(ids.shape[0])
     max_depth = int(lens[ids].max()) if n else 0
     order, local, lcp = (np.zeros(n, dtype=np.int32) for _ in range(3))
