@@ -339,7 +339,8 @@ static inline int32_t head2(const toks *k, int32_t t) {
 /* Sort the n byte tokens `ids` (ascending ids). Out: `order` the token ids sorted by their bytes; `local` the same
    tokens as positions in `sbytes`/`soffs`/`slens` (their bytes copied, `sbytes` holding the lengths' sum); `lcp` the
    common prefix of each with the one before it; depth_count[1 .. max_depth] the nodes of each depth. Scratch:
-   `bucket`, 257 * 257 + 1 counts. Every array but the inputs is zeroed by the caller. Returns the node count. */
+   `bucket`, 257 * 257 + 1 counts. depth_count and bucket come zeroed, the others are written whole. Returns the
+   node count. */
 int64_t constrain_trie_sort(const uint8_t *flat, const int64_t *offs, const int32_t *lens, const int32_t *ids,
                             int64_t n, int32_t *order, int32_t *local, uint8_t *sbytes, int64_t *soffs, int32_t *slens,
                             int32_t *lcp, int64_t *depth_count, int64_t *bucket) {
@@ -360,11 +361,9 @@ int64_t constrain_trie_sort(const uint8_t *flat, const int64_t *offs, const int3
         local[i] = (int32_t)i;
     }
     toks s = {sbytes, soffs, slens};
-    for (int64_t lo = 0, hi; lo < n; lo = hi) {
-        int32_t h = head2(&s, (int32_t)lo);
-        for (hi = lo + 1; hi < n && head2(&s, (int32_t)hi) == h; hi++) {}
-        if (hi - lo > 1 && h % 257 != 0) sort_tokens(&s, local + lo, hi - lo, 2);
-    }
+    /* bucket[h] is now where the run of head h ends; a run of h % 257 == 0 holds tokens of at most one byte, equal */
+    for (int64_t h = 0, lo = 0; h < 257 * 257; lo = bucket[h++])
+        if (bucket[h] - lo > 1 && h % 257 != 0) sort_tokens(&s, local + lo, bucket[h] - lo, 2);
     int64_t nodes = 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t l = 0, t = local[i], len = slens[t];
@@ -454,9 +453,10 @@ def _build_trie_native(vocab: Any, lib: Any) -> _Trie:
     if lens.shape[0]:
         np.cumsum(lens[:-1], out=offs[1:])
     n = int(ids.shape[0])
-    max_depth = int(lens[ids].max()) if n else 0
-    order, local, lcp = (np.zeros(n, dtype=np.int32) for _ in range(3))
-    sbytes, soffs, slens = np.zeros(int(lens[ids].sum()), dtype=np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int32)
+    trie_lens = lens[ids]
+    max_depth = int(trie_lens.max()) if n else 0
+    order, local, lcp, slens = (np.empty(n, dtype=np.int32) for _ in range(4))
+    sbytes, soffs = np.empty(int(trie_lens.sum()), dtype=np.uint8), np.empty(n, np.int64)
     depth_count, bucket = np.zeros(max_depth + 2, dtype=np.int64), np.zeros(257 * 257 + 1, dtype=np.int64)
     n_nodes = lib.constrain_trie_sort(_ptr(flat), _ptr(offs), _ptr(lens), _ptr(ids), n, _ptr(order), _ptr(local),
                                       _ptr(sbytes), _ptr(soffs), _ptr(slens), _ptr(lcp), _ptr(depth_count),
