@@ -42,6 +42,11 @@ COUNTED_MIN_CHARS = 512
 # fewer, or minLength passes the narrowed length, the cap is a product with them (exact); else narrowed as
 # `formats.format_expr` has it.
 COUNTED_FORMAT_MIN_CHARS = 128
+# A pattern's automaton whose product with the length bounds would hold more states than this (its states times the
+# characters beyond minLength) is counted as soon as those characters pass COUNTED_FORMAT_MIN_CHARS, rather than from
+# COUNTED_MIN_CHARS: at most 50 words and 500 characters (Github_medium o21115, `^(?:\S+\s+){0,49}\S+$`) is 776,589
+# states as a product and 2,060 counted; 10 words and 150 characters is 49,209 states (1.0 s) as a product.
+COUNTED_PRODUCT_STATES = 10_000
 # A recursive `$ref` cut at max_depth in an automaton of at most 1/DEEPEN_FROM_SHARE of the state budget is unrolled
 # up to DEEPEN_LEVELS levels deeper while that fits in 1/DEEPEN_BUDGET_SHARE of it (`compile_schema`). Of the 603
 # JSONSchemaBench schemas with a `$ref` that compile, 38 cut one; 14 of those unroll deeper under these shares
@@ -1963,7 +1968,8 @@ class _Compiler:
             where = join_pointer(pointer, "maxLength" if hi is not None else "minLength")
             if shape.specials:
                 return fa.intersect(shape, self.point(fa.repeat(fa.ANY_CHAR, lo, hi), where)), False
-            if counted and hi is not None and (hi - lo >= COUNTED_MIN_CHARS or format_cap):
+            if counted and hi is not None and (hi - lo >= COUNTED_MIN_CHARS or format_cap or (
+                    hi - lo > COUNTED_FORMAT_MIN_CHARS and shape.n_states * (hi - lo) > COUNTED_PRODUCT_STATES)):
                 # the pattern's or format's own automaton, its characters counted (no length product)
                 chars = fa.concat(fa.repeat(fa.ANY_CHAR, lo, lo), fa.counted_chars(hi - lo, fa.ANY_CHAR))
                 return self.point(fa.intersect(chars, shape), where), True

@@ -98,6 +98,51 @@ def test_a_pattern_or_format_keeps_its_automaton_and_counts(schema, monkeypatch)
     assert max(accepted) in (250, 260) and len(accepted) > 5  # up to the bound, and not past it
 
 
+# at most 10 words and 150 characters: a pattern whose product with the length bound is ~49,000 states
+WORDS = {"type": "string", "minLength": 1, "maxLength": 150, "pattern": "^(?:\\S+\\s+){0,9}\\S+$"}
+
+
+def _words_text(rng) -> str:
+    words = ["".join(rng.choice("ab\u00e9\"\\") for _ in range(rng.choice([1, 2, 7, 15, 40])))
+             for _ in range(rng.choice([1, 2, 9, 10, 11, 12]))]
+    return "".join(w + rng.choice([" ", "\t", "\n", "  "]) for w in words[:-1]) + words[-1] + rng.choice(["", "", " "])
+
+
+def test_a_pattern_with_a_large_length_product_is_counted_below_counted_min_chars(monkeypatch):
+    counted = compile_schema(WORDS).dfa  # (default thresholds: 149 characters counted, below COUNTED_MIN_CHARS)
+    monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 10**12)
+    product = compile_schema(WORDS).dfa
+    assert fa.has_counters(counted) and not fa.has_counters(product)
+    assert counted.n_states * 20 < product.n_states
+    rng = random.Random(5)
+    lengths = {True: set(), False: set()}
+    for _ in range(3000):
+        text = _words_text(rng)
+        data = json.dumps(text, ensure_ascii=False).encode()
+        assert counted.matches(data) == product.matches(data), data
+        lengths[product.matches(data)].add(len(text))
+    assert max(lengths[True]) == 150 and max(lengths[False]) > 150  # up to the bound, and not past it
+    # within a token's reach of minLength (128 characters beyond it at most) the length stays in the product
+    near = dict(WORDS, maxLength=129)
+    assert not fa.has_counters(compile_schema(near).dfa)
+    monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 1)
+    assert not fa.has_counters(compile_schema(near).dfa)
+
+
+def test_masks_on_a_large_length_product_equal_its_masks_llama3(llama3_vocab, monkeypatch):
+    counted = compile_schema(WORDS).dfa
+    monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 10**12)
+    lengths = np.array([len(t) for t in llama3_vocab.token_bytes])
+
+    def choose(rng, byte_tokens):
+        if rng.random() < 0.7:  # long tokens, to reach the bound
+            return int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
+        return int(rng.choice(byte_tokens))
+
+    _, near = _walk_both(llama3_vocab, counted, compile_schema(WORDS).dfa, 12, 6, choose, stop_p=0.05)
+    assert near > 20  # states within a token's length of the bound were compared
+
+
 def test_oneof_branches_that_start_apart_keep_the_counter(monkeypatch):
     counted, unrolled = both({"oneOf": [{"type": "string", "maxLength": 250}, {"type": "integer"}]}, monkeypatch)
     assert fa.has_counters(counted)
