@@ -42,10 +42,10 @@ COUNTED_MIN_CHARS = 512
 # fewer, or minLength passes the narrowed length, the cap is a product with them (exact); else narrowed as
 # `formats.format_expr` has it.
 COUNTED_FORMAT_MIN_CHARS = 128
-# A pattern's automaton whose product with the length bounds would hold more states than this (its states times the
-# characters beyond minLength) is counted as soon as those characters pass COUNTED_FORMAT_MIN_CHARS, rather than from
-# COUNTED_MIN_CHARS: at most 50 words and 500 characters (Github_medium o21115, `^(?:\S+\s+){0,49}\S+$`) is 776,589
-# states as a product and 2,060 counted; 10 words and 150 characters is 49,209 states (1.0 s) as a product.
+# Between COUNTED_FORMAT_MIN_CHARS and COUNTED_MIN_CHARS characters beyond minLength, a pattern's or format's length
+# product (`length_bounded`) is built while it holds at most this many states, and the string is counted past that: at
+# most 50 words in 500 characters (Github_medium o21115, `^(?:\S+\s+){0,49}\S+$`) is 776,589 states as a product and
+# 2,060 counted; `format: email` with `maxLength: 300` stays a product (its states off the cycles saturate).
 COUNTED_PRODUCT_STATES = 10_000
 # A recursive `$ref` cut at max_depth in an automaton of at most 1/DEEPEN_FROM_SHARE of the state budget is unrolled
 # up to DEEPEN_LEVELS levels deeper while that fits in 1/DEEPEN_BUDGET_SHARE of it (`compile_schema`). Of the 603
@@ -1968,25 +1968,42 @@ class _Compiler:
             where = join_pointer(pointer, "maxLength" if hi is not None else "minLength")
             if shape.specials:
                 return fa.intersect(shape, self.point(fa.repeat(fa.ANY_CHAR, lo, hi), where)), False
-            if counted and hi is not None and (hi - lo >= COUNTED_MIN_CHARS or format_cap or (
-                    hi - lo > COUNTED_FORMAT_MIN_CHARS and shape.n_states * (hi - lo) > COUNTED_PRODUCT_STATES)):
-                # the pattern's or format's own automaton, its characters counted (no length product)
-                chars = fa.concat(fa.repeat(fa.ANY_CHAR, lo, lo), fa.counted_chars(hi - lo, fa.ANY_CHAR))
-                return self.point(fa.intersect(chars, shape), where), True
+            countable = counted and hi is not None
+            if countable and (hi - lo >= COUNTED_MIN_CHARS or format_cap):
+                return self.point(self.counted_shape(shape, lo, hi), where), True
+            if countable and hi - lo > COUNTED_FORMAT_MIN_CHARS:
+                # the exact length product while it stays small, else counted
+                try:
+                    product = self.length_bounded(shape, lo, hi, where, max_states=COUNTED_PRODUCT_STATES)
+                except fa.BudgetExceeded as err:
+                    if not getattr(err, "product_cap", False):
+                        raise
+                    return self.point(self.counted_shape(shape, lo, hi), where), True
+                return self.point(product, where), False
             return self.point(self.length_bounded(shape, lo, hi, where), where), False
         return expr, False
 
-    def length_bounded(self, shape: fa.Dfa, lo: int, hi: int | None, pointer: str) -> fa.Expr:
+    @staticmethod
+    def counted_shape(shape: fa.Dfa, lo: int, hi: int) -> fa.Expr:
+        """The strings of `shape` with `lo` to `hi` characters, the `hi - lo` beyond minLength counted
+        (`fa.counted_chars`: the pattern's or format's own automaton, no length product)."""
+        chars = fa.concat(fa.repeat(fa.ANY_CHAR, lo, lo), fa.counted_chars(hi - lo, fa.ANY_CHAR))
+        return fa.intersect(chars, shape)
+
+    def length_bounded(self, shape: fa.Dfa, lo: int, hi: int | None, pointer: str,
+                       max_states: int | None = None) -> fa.Expr:
         """The strings of `shape` with `lo` to `hi` code points (`shape` has no special symbols).
 
         The product of `shape` with a code point counter, but a state whose every continuation fits the remaining
         bound forgets the count (it is saturated: for email with maxLength 1024 only the 10 states on a cycle
         count, and the product has 12.6k states, 10k minimised, where the plain product built 181k), and one that
         cannot reach acceptance within the bounds is dropped. Minimised by intersecting with `Σ*` (`fa.intersect`
-        trims and minimises).
+        trims and minimises). `max_states`: a cap below the state budget on the product's states (before
+        minimising); past it, `BudgetExceeded` with `product_cap` set.
         """
         if shape.is_empty:
             return fa.NOTHING
+        cap = self.opts.max_states if max_states is None else min(max_states, self.opts.max_states)
         n = shape.n_states
         cont = np.zeros(fa.N_BYTES, bool)
         cont[0x80:0xC0] = True  # UTF-8 continuation bytes: no new code point
@@ -2030,18 +2047,25 @@ class _Compiler:
         native = _native.automata()
         if native is not None:
             product = self._length_product_native(native, shape, old_class, weight, class_of, fewest, most, lo, hi,
-                                                  pointer)
+                                                  pointer, cap)
         else:
-            product = self._length_product_python(shape, succ, class_of, fewest, most, lo, hi, pointer)
+            product = self._length_product_python(shape, succ, class_of, fewest, most, lo, hi, pointer, cap)
         if product is None:
             return fa.NOTHING
         # minimised here: `fa.compile` takes a `Dfa` as it is, and an unminimised one enlarges every enclosing determinisation
         everything = fa.repeat(fa.byte_set([(0, 255)]), 0)
         return fa.compile(fa.intersect(product, everything), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
 
+    def _over_cap(self, cap: int, pointer: str) -> fa.BudgetExceeded:
+        """The error of a length product past `cap` states: the state budget's, or one marked `product_cap` (the caller
+        counts the string instead) when the cap is lower."""
+        err = fa.BudgetExceeded(f"automaton exceeds the state budget of {cap} states", pointer=pointer)
+        err.product_cap = cap < self.opts.max_states
+        return err
+
     def _length_product_python(self, shape: fa.Dfa, succ: list[list[tuple[int, int]]], class_of: np.ndarray,
                                fewest: list[int], most: list[int], lo: int, hi: int | None,
-                               pointer: str) -> fa.Dfa | None:
+                               pointer: str, cap: int) -> fa.Dfa | None:
         """`length_bounded`'s product, breadth first (None: no string of `shape` fits the bounds)."""
         inf = 1 << 60
         top = inf if hi is None else hi
@@ -2082,8 +2106,8 @@ class _Compiler:
                 if j is None:
                     j = ids[key] = len(order)
                     order.append(key)
-                    if j >= self.opts.max_states:
-                        raise fa.BudgetExceeded(f"automaton exceeds the state budget of {self.opts.max_states} states", pointer=pointer)
+                    if j >= cap:
+                        raise self._over_cap(cap, pointer)
                 row.append(j)
             table.append(row)
         accepting = np.array([bool(shape.accepting[q]) and (c == saturated or lo <= c <= top) for q, c in order])
@@ -2091,14 +2115,14 @@ class _Compiler:
 
     def _length_product_native(self, native: Any, shape: fa.Dfa, old_class: list[int], weight: list[int],
                                class_of: np.ndarray, fewest: list[int], most: list[int], lo: int, hi: int | None,
-                               pointer: str) -> fa.Dfa | None:
+                               pointer: str, cap: int) -> fa.Dfa | None:
         """`_length_product_python` in C (`native.length_product`: the same states in the same order)."""
         deadline, flags = fa.native_limits(self.deadline)
         status, table, accepting = native.length_product(
             np.asarray(shape.transitions)[:, old_class], np.asarray(weight), fewest, most, shape.accepting,
-            shape.start, lo, hi, self.opts.max_states, deadline, flags)
+            shape.start, lo, hi, cap, deadline, flags)
         if status == _native.DET_STATES:
-            raise fa.BudgetExceeded(f"automaton exceeds the state budget of {self.opts.max_states} states", pointer=pointer)
+            raise self._over_cap(cap, pointer)
         if status != _native.DET_OK:
             fa.check_deadlines(pointer)
             raise fa.BudgetExceeded("schema compilation exceeded its time budget", pointer=pointer)

@@ -109,7 +109,7 @@ def _words_text(rng) -> str:
 
 
 def test_a_pattern_with_a_large_length_product_is_counted_below_counted_min_chars(monkeypatch):
-    counted = compile_schema(WORDS).dfa  # (default thresholds: 149 characters counted, below COUNTED_MIN_CHARS)
+    counted = compile_schema(WORDS).dfa  # (default thresholds: its product passes COUNTED_PRODUCT_STATES)
     monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 10**12)
     product = compile_schema(WORDS).dfa
     assert fa.has_counters(counted) and not fa.has_counters(product)
@@ -127,6 +127,13 @@ def test_a_pattern_with_a_large_length_product_is_counted_below_counted_min_char
     assert not fa.has_counters(compile_schema(near).dfa)
     monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 1)
     assert not fa.has_counters(compile_schema(near).dfa)
+
+
+def test_a_small_length_product_stays_exact_in_the_automaton():
+    # e-mail's states off its cycles saturate: with maxLength 300 the product holds ~6,000 states, under the cap
+    dfa = compile_schema({"type": "string", "format": "email", "maxLength": 300}).dfa
+    assert not fa.has_counters(dfa) and dfa.n_states < schema_module.COUNTED_PRODUCT_STATES
+    assert dfa.matches(b'"' + b"a" * 290 + b'@b.cd"') and not dfa.matches(b'"' + b"a" * 296 + b'@b.cd"')
 
 
 def test_masks_on_a_large_length_product_equal_its_masks_llama3(llama3_vocab, monkeypatch):
