@@ -1613,6 +1613,67 @@ done:
     *status = rc;
     return out;
 }
+
+/* ---- merging equal columns ---- */
+
+typedef struct { int64_t key; int32_t col; } col_key;
+
+static int col_key_cmp(const void *a, const void *b) {
+    const col_key *x = (const col_key *)a, *y = (const col_key *)b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->col < y->col ? -1 : x->col > y->col;
+}
+
+/* The distinct columns of an n x k table (row-major int32) side by side in `out` (n x d, row-major): each column keyed
+   by the sum of weights[i] * table[i, j] (the caller's keys, `automaton._unique_columns`: in double while `exact`,
+   where every sum is an integer below 2**53, else in wrapping int64), the distinct keys in ascending order, each
+   one's first column (`first`) copied, and each column's rank there (`inverse`). Returns d, the distinct count; -1
+   when two columns share a key but differ (the caller sorts them instead), -2 when out of memory. */
+int32_t constrain_unique_columns(int32_t n, int32_t k, const int32_t *table, const int64_t *weights, int32_t exact,
+                                 int32_t *first, int32_t *inverse, int32_t *out) {
+    col_key *keys = (col_key *)malloc(((size_t)k + 1) * sizeof(col_key));
+    double *fsum = (double *)calloc((size_t)k + 1, sizeof(double));
+    uint64_t *isum = (uint64_t *)calloc((size_t)k + 1, sizeof(uint64_t));
+    if (!keys || !fsum || !isum) { free(keys); free(fsum); free(isum); return -2; }
+    if (exact) {
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t *row = table + (int64_t)i * k;
+            double w = (double)weights[i];
+            for (int32_t j = 0; j < k; j++) fsum[j] += w * (double)row[j];
+        }
+        for (int32_t j = 0; j < k; j++) keys[j].key = (int64_t)fsum[j];
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t *row = table + (int64_t)i * k;
+            uint64_t w = (uint64_t)weights[i];
+            for (int32_t j = 0; j < k; j++) isum[j] += w * (uint64_t)(int64_t)row[j];
+        }
+        for (int32_t j = 0; j < k; j++) keys[j].key = (int64_t)isum[j];
+    }
+    free(fsum);
+    free(isum);
+    for (int32_t j = 0; j < k; j++) keys[j].col = j;
+    qsort(keys, (size_t)k, sizeof(col_key), col_key_cmp);
+    int32_t d = 0;
+    for (int32_t r = 0; r < k; r++) {
+        int32_t j = keys[r].col;
+        if (r == 0 || keys[r].key != keys[r - 1].key) {
+            first[d++] = j;
+        } else {
+            int32_t f = first[d - 1];
+            for (int32_t i = 0; i < n; i++)
+                if (table[(int64_t)i * k + j] != table[(int64_t)i * k + f]) { free(keys); return -1; }
+        }
+        inverse[j] = d - 1;
+    }
+    free(keys);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t *row = table + (int64_t)i * k;
+        int32_t *dst = out + (int64_t)i * d;
+        for (int32_t c = 0; c < d; c++) dst[c] = row[first[c]];
+    }
+    return d;
+}
 """
 
 
@@ -1690,6 +1751,9 @@ class NativeAutomata:
         self._min = lib.constrain_minimise
         self._min.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p]
         self._min.restype = ctypes.c_int32
+        self._unique_cols = lib.constrain_unique_columns
+        self._unique_cols.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, p, p, p]
+        self._unique_cols.restype = ctypes.c_int32
         self._tick_gap = lib.constrain_tick_gap
         self._tick_gap.argtypes = [ctypes.c_int32, ctypes.c_int32, p, p, ctypes.c_int32, ctypes.c_int8, ctypes.c_int8,
                                    ctypes.c_int32]
@@ -1821,6 +1885,22 @@ class NativeAutomata:
             return out, out_acc.astype(bool)
         finally:
             self._det_free(handle)
+
+    def unique_columns(self, table: np.ndarray, weights: np.ndarray, exact: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """`automaton._unique_columns` of the int32 table (C-contiguous n x k) keyed with int64 `weights` [n], summed
+        in double when `exact` (every key an integer below 2**53): (the distinct columns side by side, ascending by
+        key, int32 [n x d]; each column's index there, int32 [k]), or None when two columns share a key but differ."""
+        n, k = table.shape
+        first = np.empty(max(k, 1), np.int32)
+        inverse = np.empty(max(k, 1), np.int32)
+        out = np.empty(max(n * k, 1), np.int32)
+        d = self._unique_cols(n, k, table.ctypes.data, weights.ctypes.data, int(exact), first.ctypes.data,
+                              inverse.ctypes.data, out.ctypes.data)
+        if d == -2:
+            raise MemoryError("the native column merge ran out of memory")
+        if d < 0:
+            return None
+        return out[: n * d].reshape(n, d), inverse[:k]
 
     def token_bound(self, trans: np.ndarray, use: np.ndarray, rep: np.ndarray, accepting: np.ndarray, trie,
                     none: int) -> np.ndarray:

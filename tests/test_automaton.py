@@ -282,12 +282,33 @@ def test_unique_columns_groups_equal_columns(monkeypatch, keys, n):
     table = base[:, [0, 3, 1, 3, 8, 0, 2, 8, 5, 4, 4, 7, 6]]  # 13 columns, 9 distinct
     if keys == "collide":
         monkeypatch.setattr(fa, "_COLUMN_WEIGHTS", np.zeros(max(n, 4096), np.int32))
+        monkeypatch.setattr(fa, "_COLUMN_WEIGHTS_INT", np.zeros(max(n, 4096), np.int64))  # (the native merge's)
     if keys == "int64":
         monkeypatch.setattr(fa, "_FLOAT_KEYS_MAX", 0)
     columns, inverse = fa._unique_columns(table)
     assert columns.shape == (n, 9)
     assert np.array_equal(columns[:, inverse], table)
     assert len({columns[:, j].tobytes() for j in range(columns.shape[1])}) == 9
+
+
+@pytest.mark.parametrize("n", [1, 37, 5000, 300_000])
+def test_native_unique_columns_equal_the_numpy_merge(n):
+    """The C merge of equal columns gives the numpy one's result exactly (same distinct columns in the same order,
+    same inverse), on tables with -1 entries, repeated columns and one column; past `_FLOAT_KEYS_MAX` rows both key in
+    int64."""
+    from constrain import native
+
+    if native.automata() is None:
+        pytest.skip("the native automaton passes are not built here (no C compiler)")
+    rng = np.random.default_rng(n)
+    for k in (1, 2, 13, 300):
+        base = rng.integers(-1, n, size=(n, max(k // 3, 1))).astype(np.int32)
+        table = np.ascontiguousarray(base[:, rng.integers(0, base.shape[1], size=k)])
+        columns, inverse = fa._unique_columns(table)
+        weights = fa._COLUMN_WEIGHTS[:n] if n <= len(fa._COLUMN_WEIGHTS) else fa._column_weights(n)
+        expect_columns, expect_inverse = fa._unique_columns_numpy(table, weights)
+        assert np.array_equal(columns, expect_columns) and np.array_equal(inverse, expect_inverse)
+        assert np.array_equal(columns[:, inverse], table)
 
 
 def test_glue_all_writes_what_pairwise_gluing_gives():
