@@ -1520,23 +1520,25 @@ def _unique_columns(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if n > len(_COLUMN_WEIGHTS):
         _COLUMN_WEIGHTS = _column_weights(max(n, 2 * len(_COLUMN_WEIGHTS)))
         _COLUMN_WEIGHTS_INT = _COLUMN_WEIGHTS.astype(np.int64)
-    weights = _COLUMN_WEIGHTS[:n]
     native = _native.automata()
-    if native is not None:
+    if native is None:
+        merged = _unique_columns_numpy(table, _COLUMN_WEIGHTS[:n])
+    else:
         # the same keys as exact integers in one pass over the table (numpy's dozen calls took 0.16 ms on a 408 x 36
-        # table, 0.78 ms on 3,085 x 57); equal keys that differ fall back to sorting the columns, as below
+        # table, 0.78 ms on 3,085 x 57)
         merged = native.unique_columns(table, _COLUMN_WEIGHTS_INT[:n], n < _FLOAT_KEYS_MAX)
         if merged is not None:
-            columns, inverse = merged
-            return columns, inverse.astype(np.intp)
-        columns, inverse = _unique_rows(table.T)
-        return np.ascontiguousarray(columns.T), inverse
-    return _unique_columns_numpy(table, weights)
+            merged = merged[0], merged[1].astype(np.intp)
+    if merged is not None:
+        return merged
+    # equal keys on different columns: grouped by sorting them instead
+    columns, inverse = _unique_rows(table.T)
+    return np.ascontiguousarray(columns.T), inverse
 
 
-def _unique_columns_numpy(table: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _unique_columns_numpy(table: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """`_unique_columns` in numpy (where the native passes are not built): `table` int32 C-contiguous, `weights` its
-    rows' float64 weights."""
+    rows' float64 weights; None when two different columns share a key."""
     n, k = table.shape
     keys = weights @ table.astype(np.float64) if n < _FLOAT_KEYS_MAX else weights.astype(np.int64) @ table
     _, index, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -1545,8 +1547,7 @@ def _unique_columns_numpy(table: np.ndarray, weights: np.ndarray) -> tuple[np.nd
     merged = np.flatnonzero(copy_of != np.arange(k))
     if merged.size == 0 or np.array_equal(table[:, merged], table[:, copy_of[merged]]):
         return table[:, index], inverse
-    columns, inverse = _unique_rows(table.T)
-    return np.ascontiguousarray(columns.T), inverse
+    return None
 
 
 def _finish(transitions: np.ndarray, accepting: np.ndarray, class_of: np.ndarray, specials: tuple[int, ...], start: int, budget: _Budget) -> Dfa:

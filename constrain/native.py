@@ -1632,9 +1632,10 @@ static int col_key_cmp(const void *a, const void *b) {
 int32_t constrain_unique_columns(int32_t n, int32_t k, const int32_t *table, const int64_t *weights, int32_t exact,
                                  int32_t *first, int32_t *inverse, int32_t *out) {
     col_key *keys = (col_key *)malloc(((size_t)k + 1) * sizeof(col_key));
-    double *fsum = (double *)calloc((size_t)k + 1, sizeof(double));
-    uint64_t *isum = (uint64_t *)calloc((size_t)k + 1, sizeof(uint64_t));
-    if (!keys || !fsum || !isum) { free(keys); free(fsum); free(isum); return -2; }
+    void *sum = calloc((size_t)k + 1, 8);  /* the sums: double when exact, else uint64 */
+    double *fsum = (double *)sum;
+    uint64_t *isum = (uint64_t *)sum;
+    if (!keys || !sum) { free(keys); free(sum); return -2; }
     if (exact) {
         for (int32_t i = 0; i < n; i++) {
             const int32_t *row = table + (int64_t)i * k;
@@ -1650,8 +1651,7 @@ int32_t constrain_unique_columns(int32_t n, int32_t k, const int32_t *table, con
         }
         for (int32_t j = 0; j < k; j++) keys[j].key = (int64_t)isum[j];
     }
-    free(fsum);
-    free(isum);
+    free(sum);
     for (int32_t j = 0; j < k; j++) keys[j].col = j;
     qsort(keys, (size_t)k, sizeof(col_key), col_key_cmp);
     int32_t d = 0;

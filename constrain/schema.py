@@ -187,6 +187,11 @@ def char_length_range(dfa: fa.Dfa) -> tuple[int, int | None]:
     return shortest, max(longest[s] for s in accepting)
 
 
+class _ProductCapped(fa.BudgetExceeded):
+    """A length product past the cap `length_bounded` was given below the state budget (internal: its caller counts
+    the string instead)."""
+
+
 _ANY_STRING: dict[tuple[str, str, int], fa.Dfa] = {}
 # any JSON value of plain JSON syntax by (whitespace, depth, state budget): see `_Compiler.any_value`
 _ANY_VALUE: dict[tuple[str, int, int], fa.Dfa] = {}
@@ -1975,9 +1980,7 @@ class _Compiler:
                 # the exact length product while it stays small, else counted
                 try:
                     product = self.length_bounded(shape, lo, hi, where, max_states=COUNTED_PRODUCT_STATES)
-                except fa.BudgetExceeded as err:
-                    if not getattr(err, "product_cap", False):
-                        raise
+                except _ProductCapped:
                     return self.point(self.counted_shape(shape, lo, hi), where), True
                 return self.point(product, where), False
             return self.point(self.length_bounded(shape, lo, hi, where), where), False
@@ -1999,7 +2002,7 @@ class _Compiler:
         count, and the product has 12.6k states, 10k minimised, where the plain product built 181k), and one that
         cannot reach acceptance within the bounds is dropped. Minimised by intersecting with `Σ*` (`fa.intersect`
         trims and minimises). `max_states`: a cap below the state budget on the product's states (before
-        minimising); past it, `BudgetExceeded` with `product_cap` set.
+        minimising); past it, `_ProductCapped`.
         """
         if shape.is_empty:
             return fa.NOTHING
@@ -2057,11 +2060,10 @@ class _Compiler:
         return fa.compile(fa.intersect(product, everything), max_states=self.opts.max_states, deadline=self.deadline, pointers=self.pointers, pointer=pointer)
 
     def _over_cap(self, cap: int, pointer: str) -> fa.BudgetExceeded:
-        """The error of a length product past `cap` states: the state budget's, or one marked `product_cap` (the caller
-        counts the string instead) when the cap is lower."""
-        err = fa.BudgetExceeded(f"automaton exceeds the state budget of {cap} states", pointer=pointer)
-        err.product_cap = cap < self.opts.max_states
-        return err
+        """The error of a length product past `cap` states: the state budget's, or `_ProductCapped` (the caller counts
+        the string instead) when the cap is lower."""
+        kind = _ProductCapped if cap < self.opts.max_states else fa.BudgetExceeded
+        return kind(f"automaton exceeds the state budget of {cap} states", pointer=pointer)
 
     def _length_product_python(self, shape: fa.Dfa, succ: list[list[tuple[int, int]]], class_of: np.ndarray,
                                fewest: list[int], most: list[int], lo: int, hi: int | None,

@@ -109,9 +109,8 @@ def _words_text(rng) -> str:
 
 
 def test_a_pattern_with_a_large_length_product_is_counted_below_counted_min_chars(monkeypatch):
-    counted = compile_schema(WORDS).dfa  # (default thresholds: its product passes COUNTED_PRODUCT_STATES)
-    monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 10**12)
-    product = compile_schema(WORDS).dfa
+    # (the default cap: its product passes COUNTED_PRODUCT_STATES; then no cap below the state budget)
+    counted, product = both(WORDS, monkeypatch, schema_module.COUNTED_PRODUCT_STATES, knob="COUNTED_PRODUCT_STATES")
     assert fa.has_counters(counted) and not fa.has_counters(product)
     assert counted.n_states * 20 < product.n_states
     rng = random.Random(5)
@@ -130,24 +129,15 @@ def test_a_pattern_with_a_large_length_product_is_counted_below_counted_min_char
 
 
 def test_a_small_length_product_stays_exact_in_the_automaton():
-    # e-mail's states off its cycles saturate: with maxLength 300 the product holds ~6,000 states, under the cap
+    # e-mail's states off its cycles saturate: with maxLength 300 the length product holds 6,279 states (5,971 minimal)
     dfa = compile_schema({"type": "string", "format": "email", "maxLength": 300}).dfa
     assert not fa.has_counters(dfa) and dfa.n_states < schema_module.COUNTED_PRODUCT_STATES
     assert dfa.matches(b'"' + b"a" * 290 + b'@b.cd"') and not dfa.matches(b'"' + b"a" * 296 + b'@b.cd"')
 
 
 def test_masks_on_a_large_length_product_equal_its_masks_llama3(llama3_vocab, monkeypatch):
-    counted = compile_schema(WORDS).dfa
-    monkeypatch.setattr(schema_module, "COUNTED_PRODUCT_STATES", 10**12)
-    lengths = np.array([len(t) for t in llama3_vocab.token_bytes])
-
-    def choose(rng, byte_tokens):
-        if rng.random() < 0.7:  # long tokens, to reach the bound
-            return int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
-        return int(rng.choice(byte_tokens))
-
-    _, near = _walk_both(llama3_vocab, counted, compile_schema(WORDS).dfa, 12, 6, choose, stop_p=0.05)
-    assert near > 20  # states within a token's length of the bound were compared
+    _compare_walks(llama3_vocab, monkeypatch, 12, seed=6, schema=WORDS, threshold=schema_module.COUNTED_PRODUCT_STATES,
+                   knob="COUNTED_PRODUCT_STATES")
 
 
 def test_oneof_branches_that_start_apart_keep_the_counter(monkeypatch):
@@ -181,7 +171,7 @@ def _walk_both(vocab, counted, unrolled, n_walks, seed, choose, stop_p):
     return a, near
 
 
-def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA):
+def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA, threshold=200, knob="COUNTED_MIN_CHARS"):
     lengths = np.array([len(t) for t in vocab.token_bytes])
 
     def choose(rng, byte_tokens):
@@ -189,7 +179,7 @@ def _compare_walks(vocab, monkeypatch, n_walks, seed, schema=SCHEMA):
             return int(rng.choice(byte_tokens[np.argsort(-lengths[byte_tokens])[:50]]))
         return int(rng.choice(byte_tokens))
 
-    _, near = _walk_both(vocab, *both(schema, monkeypatch), n_walks, seed, choose, stop_p=0.05)
+    _, near = _walk_both(vocab, *both(schema, monkeypatch, threshold, knob), n_walks, seed, choose, stop_p=0.05)
     assert near > 50  # states within a token's length of the bound were compared
 
 
