@@ -110,7 +110,7 @@ class Constrain:
         t0 = time.perf_counter()
         dfa = self.dfa(w)
         t1 = time.perf_counter()
-        idx = TokenIndex(dfa, self.vocab)
+        idx = TokenIndex(dfa, self.vocab, background=True)  # as compile_json_schema and the index cache build it
         self.last_split = {"schema_to_dfa_s": t1 - t0, "dfa_to_index_s": time.perf_counter() - t1,
                            "dfa_states": dfa.n_states}
         return idx

@@ -78,7 +78,8 @@ class IndexCache:
     def get_or_build(
         self, key: str, vocab: Any, build: Callable[[], Any], *, eager: bool = False
     ) -> TokenIndex:
-        """The cached index for (`vocab.fingerprint`, `key`), or a new `TokenIndex(build(), vocab, eager=eager)`.
+        """The cached index for (`vocab.fingerprint`, `key`), or a new `TokenIndex(build(), vocab, eager=eager)`
+        (its prefill on a worker thread: `background=True`).
 
         `key` must identify the constraint completely (e.g. a hash of the canonical grammar); `eager` is not part of
         the key. Building happens outside the lock; two racing misses build twice and keep the first.
@@ -95,7 +96,7 @@ class IndexCache:
                 self._evict()
                 return index
             self.misses += 1
-        index = TokenIndex(build(), vocab, eager=eager)
+        index = TokenIndex(build(), vocab, eager=eager, background=True)
         with self._lock:
             existing = self._entries.get(full)
             if existing is not None:

@@ -22,7 +22,7 @@ def _build_index(key: str, vocab: Any, build: Any, eager: bool, cache: IndexCach
     # Everything runs under the deadline, and a compile too small to reach one of the automaton's clock reads checks
     # it before and after: a cancelled or expired build raises before the cache keeps anything.
     if deadline is None:
-        return TokenIndex(build(), vocab, eager=eager) if cache is None else cache.get_or_build(key, vocab, build, eager=eager)
+        return TokenIndex(build(), vocab, eager=eager, background=True) if cache is None else cache.get_or_build(key, vocab, build, eager=eager)
 
     def checked() -> fa.Dfa:
         deadline.check()
@@ -32,7 +32,7 @@ def _build_index(key: str, vocab: Any, build: Any, eager: bool, cache: IndexCach
 
     with deadline.active():
         if cache is None:
-            return TokenIndex(checked(), vocab, eager=eager)
+            return TokenIndex(checked(), vocab, eager=eager, background=True)
         return cache.get_or_build(key, vocab, checked, eager=eager)
 
 

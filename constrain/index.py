@@ -3,7 +3,9 @@ budget, from exact per-state minimum token counts); a cursor per sequence."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 import threading
 import time
 import weakref
@@ -83,6 +85,30 @@ _PREFILL_WASTE = 16
 # 2,048, which makes the same rows there). An index of more rows (tens of thousands of states) still keeps the rest
 # waiting: at 32 KiB a row (Gemma 4), 1,024 rows are 32 MiB.
 _EAGER_ROWS = 1024
+# `TokenIndex(background=True)` (what the compile functions and the index cache build): the start state's row is made
+# at construction and the fill above runs on one worker thread (the C walk releases the GIL), which in a DFA over
+# _PREFILL_STATES then also walks the states still without a row, breadth-first, for _PREFILL_S (`_prefill_alone`:
+# strings' content states, whose first visits are a decoding step's slowest, 100-260 us). Any other row waits until
+# that is done (`_settle`). bench_engine.py, constrain and xgrammar, 7 cold compiles a cell, session 38: time to first
+# mask met on 24 of 24 cells (1.14-11.7x xgrammar's; with the fill at construction 20 of 24 in two runs:
+# parallel_1to5_of_5 0.71-0.98x, nested_table / Llama 3 0.86-0.89x); cold p99 on 18 of 24 (19 and 18): the replay's
+# second step waits for the fill (1.7-22 ms), which moves its slow steps one rank into the p99, as when session 34
+# tried the worker without the wide walk (nested_table / Qwen3 203 us), but the wide walk leaves fewer such steps
+# (nested_table 7.5-10.8 us against 14.5-37.5). One core: the fill runs at construction.
+_PREFILL_POOL: list = []  # [(pid, executor)]: made on first use, anew in a forked child
+_PREFILL_POOL_LOCK = threading.Lock()
+
+
+def _prefill_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    """The worker thread background prefills run on, or None where this process may use one core only."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < 2:
+        return None
+    pid = os.getpid()
+    with _PREFILL_POOL_LOCK:
+        if not _PREFILL_POOL or _PREFILL_POOL[0][0] != pid:
+            _PREFILL_POOL[:] = [(pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="constrain-prefill"))]
+        return _PREFILL_POOL[0][1]
 
 # A cursor walks a token of at least this many bytes in C (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
 # ~1.8 us) against ~0.1 us a byte in Python (counted: 0.5 us + 0.16 us a byte); the first call after a compile
@@ -438,13 +464,16 @@ class TokenIndex:
             others one at a time) instead of on first use.
         references: with the C walk, let wide states derive their masks from the vocabulary's reference masks (a
             JSON string's content and escape states, built once per vocabulary: `prepare`).
+        background: with the C walk and two or more cores, make the start state's row now and run the prefill on a
+            worker thread (`_PREFILL_POOL`); a row asked for meanwhile waits for it. The masks are the same either way.
 
     Raises:
         InternalError: the DFA's shape is inconsistent, or `dfa.specials` names an id that is not a special token of
             `vocab` (special tokens can only be produced through their symbol, never through bytes).
     """
 
-    def __init__(self, dfa: Any, vocab: Any, *, eager: bool = False, references: bool = True):
+    def __init__(self, dfa: Any, vocab: Any, *, eager: bool = False, references: bool = True,
+                 background: bool = False):
         self._dfa = dfa
         self._vocab = vocab
         self._eager = bool(eager)
@@ -462,12 +491,45 @@ class TokenIndex:
         self._table_cache: np.ndarray | None = None
         self._row_of[self._n_states] = self._insert_row(*self._finished_mask())
         self._budget_init(None)
+        self._background: concurrent.futures.Future | None = None  # the prefill on `_PREFILL_POOL`, until settled
+        self._background_pid = 0  # the process that started it (a forked child's copy never finishes)
+        self._worker = -1  # the thread ident running that prefill
         if self._eager:
             self._fill_all()
         elif self._walker is not None:
-            self._prefill_structural()
-            if self._n_states <= _PREFILL_STATES:
-                self._prefill()
+            pool = _prefill_pool() if background else None
+            if pool is None:
+                self._prefill_index()
+            else:
+                self.row_for_state(self._start_state)
+                self._background_pid = os.getpid()
+                self._background = pool.submit(self._prefill_index, True)
+
+    def _prefill_index(self, on_worker: bool = False) -> None:
+        """The construction's prefill: structural states, then, in a small automaton, the others within
+        `_PREFILL_S`; on the worker, in a large one too the wide states (strings' content) in breadth-first order
+        within `_PREFILL_S`, whose first visits are otherwise the slowest decoding steps (see `_PREFILL_POOL`)."""
+        if on_worker:
+            self._worker = threading.get_ident()
+        self._prefill_structural()
+        if self._n_states <= _PREFILL_STATES:
+            self._prefill()
+        elif on_worker:
+            self._prefill_alone(time.perf_counter() + _PREFILL_S)
+
+    def _settle(self) -> None:
+        """Wait for the background prefill, if one is running (not on its own thread); its error, if any, is raised
+        here, at every call. Every row but the start state's waits for it, made or not: a cursor that kept stepping
+        beside the worker would take the GIL from it in 5 ms slices (`sys.getswitchinterval`: cold per-token p99 of
+        100-140 us on nested_table / Qwen3 and Gemma 4 in bench_engine.py)."""
+        job = self._background
+        if job is None or threading.get_ident() == self._worker:
+            return
+        if os.getpid() != self._background_pid:  # a forked copy: the worker is not in this process
+            self._background = None
+            return
+        job.result()
+        self._background = None
 
     # ---- construction helpers
 
@@ -477,6 +539,7 @@ class TokenIndex:
         dfa, counters = contract_counters(self._dfa)
         vocab = self._vocab
         self._plain = dfa
+        self._start_state = int(dfa.start)
         self._counters = counters
         transitions = np.asarray(dfa.transitions)
         class_of = np.asarray(dfa.class_of)
@@ -623,6 +686,7 @@ class TokenIndex:
         return [self._node_cls[ds[d] : ds[d + 1]] for d in range(self._trie.max_depth)]
 
     def __getstate__(self) -> dict[str, Any]:
+        self._settle()
         with self._lock:
             for row in list(self._pending):
                 self._materialise(row)
@@ -645,6 +709,7 @@ class TokenIndex:
         self._use_references = True
         self.meta = state.get("meta")
         self._setup(_trie_for(self._vocab))
+        self._background, self._background_pid, self._worker = None, 0, -1
         self._lock = threading.Lock()
         self._rows = []
         self._pending = {}
@@ -702,6 +767,8 @@ class TokenIndex:
         Raises:
             InternalError: `state` is outside `0 ..= dfa.n_states`, or `budget` is negative.
         """
+        if self._background is not None and state != self._start_state:
+            self._settle()
         row_of = self._row_of
         if not 0 <= state < len(row_of):  # also rejects the dead state -1 instead of wrapping around
             raise InternalError(f"DFA state {state} is outside 0..{self._n_states} (n_states={self._n_states})")
@@ -832,6 +899,7 @@ class TokenIndex:
             [dfa.n_states + 1] giving each state's row, or -1 where not computed yet (never in eager mode). The last
             entry is the finished pseudo-state (after EOS), which is always present.
         """
+        self._settle()
         with self._lock:
             if self._table_cache is None or self._table_cache.shape[0] != len(self._rows):
                 for row in list(self._pending):
@@ -1196,6 +1264,11 @@ class TokenIndex:
                 self._fill_batch(narrow[lo : lo + _PREFILL_CHUNK], _PREFILL_BATCH_LIVE, _PREFILL_BATCH_LIVE, 0)
                 if time.perf_counter() > stop:
                     return
+        self._prefill_alone(stop)
+
+    def _prefill_alone(self, stop: float) -> None:
+        """Walk the states still without a row one at a time, in order (breadth-first), until `stop`
+        (`time.perf_counter()`)."""
         row_of = self._row_of
         for s in range(self._n_states):
             if row_of[s] < 0:
@@ -1890,6 +1963,8 @@ class TokenState:
         """
         idx = self._index
         s = idx._n_states if self._finished else self._state
+        if idx._background is not None and s != idx._start_state:
+            idx._settle()
         if idx._stacked:
             budget = self._binding(budget)
         if idx._stacked and self._reads_stack(budget):

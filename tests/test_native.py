@@ -1,6 +1,7 @@
 """The native automaton passes (`constrain.native`): the C subset construction and Hopcroft minimisation give the
 same minimal automata as the numpy passes, keep the state and time budgets, and stop when cancelled."""
 
+import concurrent.futures
 import ctypes
 import json
 import pickle
@@ -15,9 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import constrain
 from constrain import automaton as fa
 from constrain import index as cindex
 from constrain import native
+from constrain.cache import IndexCache
 from constrain.errors import ConstrainError
 from constrain.index import TokenIndex
 from constrain.schema import compile_schema
@@ -1013,3 +1016,125 @@ def test_populate_maps_the_pages_of_fresh_memory_and_leaves_mapped_memory_alone(
     assert len(calls) == 1
     del fresh
     memory.close()
+
+
+# ---- the prefill on a worker thread (`TokenIndex(background=True)`)
+
+# over `_PREFILL_STATES`: the worker also walks the wide states it has time for (strings' content)
+_BACKGROUND_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "note"], "properties": {
+    "title": {"type": "string", "maxLength": 30}, "note": {"type": "string", "format": "date"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3}, "n": {"type": "number"}}}
+
+
+@contextmanager
+def _held_prefill(monkeypatch):
+    """The background prefill held at its start until the yielded event is set."""
+    release = threading.Event()
+    structural = TokenIndex._prefill_structural
+
+    def held(self):
+        assert release.wait(30)
+        structural(self)
+
+    monkeypatch.setattr(TokenIndex, "_prefill_structural", held)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("vocab_name", ["llama3_vocab", "qwen3_vocab", "gemma4_vocab"])
+@pytest.mark.parametrize("schema", [_BACKGROUND_SCHEMA, _PREFILL_SCHEMAS[1]], ids=["wide", "calls"])
+def test_the_background_prefill_gives_every_state_the_full_walks_mask(request, vocab_name, schema, monkeypatch):
+    if cindex._prefill_pool() is None:
+        pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
+    monkeypatch.setattr(cindex, "_PREFILL_S", 60.0)  # (time enough for every state)
+    vocab = request.getfixturevalue(vocab_name)
+    dfa = compile_schema(schema, whitespace="compact").dfa
+    assert (dfa.n_states > cindex._PREFILL_STATES) == (schema is _BACKGROUND_SCHEMA)
+    index, plain = TokenIndex(dfa, vocab, background=True), TokenIndex(dfa, vocab)
+    assert index._row_of[dfa.start] >= 0  # the start state's row is made at construction
+    index.mask_for_state(dfa.step(dfa.start, b"{"))  # waits for the worker
+    assert index._background is None
+    # every state, where construction leaves a large automaton's wide states (strings' content) to their first use
+    assert all(index._row_of[s] >= 0 for s in range(dfa.n_states))
+    if schema is _BACKGROUND_SCHEMA:
+        assert plain._row_of[dfa.step(dfa.start, b'{"title":"ab')] < 0
+    _shared_masks_match(index, list(range(dfa.n_states)))
+    for s in range(dfa.n_states):
+        assert np.array_equal(index.mask_for_state(s), plain.mask_for_state(s)), s
+
+
+def test_rows_but_the_start_states_wait_for_the_background_prefill(qwen3_vocab, monkeypatch):
+    if cindex._prefill_pool() is None:
+        pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    after = dfa.step(dfa.start, b"{")
+    with _held_prefill(monkeypatch) as release:
+        index = TokenIndex(dfa, qwen3_vocab, background=True)
+        assert np.array_equal(index.start().mask(), index._walker.mask(dfa.start, share=False)[0].view(np.int32))
+        got: list[np.ndarray] = []
+        reader = threading.Thread(target=lambda: got.append(index.mask_for_state(after)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and not got  # waits, although nothing stops it walking that state itself
+        assert index._row_of[after] < 0
+        release.set()
+        reader.join(30)
+    assert got and np.array_equal(got[0], index._walker.mask(after, share=False)[0].view(np.int32))
+    assert index._background is None and index._row_of[after] >= 0
+
+
+def test_a_failed_background_prefill_fails_every_later_row(qwen3_vocab, monkeypatch):
+    if cindex._prefill_pool() is None:
+        pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
+
+    def broken(self):
+        raise RuntimeError("prefill broke")
+
+    monkeypatch.setattr(TokenIndex, "_prefill_structural", broken)
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, qwen3_vocab, background=True)
+    index.start().mask()  # the start state's row was made before the worker started
+    for _ in range(2):  # raised again at every later row: never a mask from a half-built index
+        with pytest.raises(RuntimeError, match="prefill broke"):
+            index.mask_for_state(dfa.step(dfa.start, b"{"))
+
+
+def test_pickling_waits_for_the_background_prefill(qwen3_vocab, monkeypatch):
+    if cindex._prefill_pool() is None:
+        pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    with _held_prefill(monkeypatch) as release:
+        index = TokenIndex(dfa, qwen3_vocab, background=True)
+        threading.Timer(0.2, release.set).start()
+        clone = pickle.loads(pickle.dumps(index))
+    plain = TokenIndex(dfa, qwen3_vocab)
+    assert index._background is None and clone._background is None
+    assert [r >= 0 for r in clone._row_of] == [r >= 0 for r in index._row_of]
+    for s in range(dfa.n_states):
+        assert np.array_equal(clone.mask_for_state(s), plain.mask_for_state(s)), s
+
+
+def test_one_core_prefills_at_construction(qwen3_vocab, monkeypatch):
+    monkeypatch.setattr(cindex, "_prefill_pool", lambda: None)
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index, plain = TokenIndex(dfa, qwen3_vocab, background=True), TokenIndex(dfa, qwen3_vocab)
+    assert index._background is None
+    assert index._row_of == plain._row_of
+
+
+def test_compiled_indexes_prefill_in_the_background(qwen3_vocab, monkeypatch):
+    submitted = []
+
+    class Recorder:  # runs the job at once, recording whose it was
+        def submit(self, fn, *args):
+            submitted.append(fn.__self__)
+            done = concurrent.futures.Future()
+            done.set_result(fn(*args))
+            return done
+
+    monkeypatch.setattr(cindex, "_prefill_pool", lambda: Recorder())
+    index = constrain.compile_json_schema(_PREFILL_SCHEMAS[1], qwen3_vocab, cache=None)
+    cached = constrain.compile_json_schema(_PREFILL_SCHEMAS[1], qwen3_vocab, cache=IndexCache())
+    assert submitted == [index, cached]
