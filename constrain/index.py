@@ -95,20 +95,13 @@ _EAGER_ROWS = 1024
 # second step waits for the fill (1.7-22 ms), which moves its slow steps one rank into the p99, as when session 34
 # tried the worker without the wide walk (nested_table / Qwen3 203 us), but the wide walk leaves fewer such steps
 # (nested_table 7.5-10.8 us against 14.5-37.5). One core: the fill runs at construction.
-_PREFILL_POOL: list = []  # [(pid, executor)]: made on first use, anew in a forked child
-_PREFILL_POOL_LOCK = threading.Lock()
+_PREFILL_POOL: list = []  # [(pid, executor)]: `native.one_worker`'s
 
 
 def _prefill_pool() -> concurrent.futures.ThreadPoolExecutor | None:
     """The worker thread background prefills run on, or None where this process may use one core only."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2:
-        return None
-    pid = os.getpid()
-    with _PREFILL_POOL_LOCK:
-        if not _PREFILL_POOL or _PREFILL_POOL[0][0] != pid:
-            _PREFILL_POOL[:] = [(pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="constrain-prefill"))]
-        return _PREFILL_POOL[0][1]
+    return _native.one_worker(_PREFILL_POOL, "constrain-prefill")
+
 
 # A cursor walks a token of at least this many bytes in C (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
 # ~1.8 us) against ~0.1 us a byte in Python (counted: 0.5 us + 0.16 us a byte); the first call after a compile

@@ -2597,14 +2597,21 @@ _SPLIT_FREE = threading.Semaphore(1)  # held while a split walk uses the worker
 
 def _walk_pool() -> concurrent.futures.ThreadPoolExecutor | None:
     """The one worker thread `masks_many` splits its walks with, or None where this process may use one core only."""
+    return one_worker(_POOL, "constrain-walk")
+
+
+def one_worker(slot: list, name: str) -> concurrent.futures.ThreadPoolExecutor | None:
+    """The single-thread executor kept in `slot` (`[(pid, executor)]`: made on first use, anew in a forked child,
+    which has the executor but not its thread), its thread named `name`; None where this process may use one core
+    only."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if cores < 2:
         return None
     pid = os.getpid()
     with _lock:
-        if not _POOL or _POOL[0][0] != pid:  # a forked child has the executor but not its thread
-            _POOL[:] = [(pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="constrain-walk"))]
-        return _POOL[0][1]
+        if not slot or slot[0][0] != pid:
+            slot[:] = [(pid, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name))]
+        return slot[0][1]
 
 
 _lock = threading.Lock()
