@@ -1085,6 +1085,24 @@ def test_rows_but_the_start_states_wait_for_the_background_prefill(qwen3_vocab, 
     assert index._background is None and index._row_of[after] >= 0
 
 
+def test_the_worker_reads_its_own_rows_without_waiting_on_itself(qwen3_vocab, monkeypatch):
+    if cindex._prefill_pool() is None:
+        pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
+    structural = TokenIndex._prefill_structural
+    read: list[np.ndarray] = []
+
+    def reading(self):  # a row read on the worker while its fill runs: made there, not waited for (a deadlock)
+        read.append(self.mask_for_state(self._plain.step(self._start_state, b"{")))
+        structural(self)
+
+    monkeypatch.setattr(TokenIndex, "_prefill_structural", reading)
+    dfa = compile_schema(_PREFILL_SCHEMAS[1], whitespace="compact").dfa
+    index = TokenIndex(dfa, qwen3_vocab, background=True)
+    index._background.result(timeout=30)
+    after = dfa.step(dfa.start, b"{")
+    assert read and np.array_equal(read[0], index._walker.mask(after, share=False)[0].view(np.int32))
+
+
 def test_a_failed_background_prefill_fails_every_later_row(qwen3_vocab, monkeypatch):
     if cindex._prefill_pool() is None:
         pytest.skip("one core: the prefill runs at construction (test_one_core_prefills_at_construction)")
