@@ -119,7 +119,7 @@ class Constrain:
         return idx.start()
 
     def fill(self, st, buf: np.ndarray) -> None:
-        np.copyto(buf, st.mask())
+        st.fill_mask(buf)
 
     def accept(self, st, tok: int) -> bool:
         st.advance(tok)

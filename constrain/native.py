@@ -2031,6 +2031,12 @@ class Stepper:
         self._plain = functools.partial(lib._step_plain, ctx)
         self._step = functools.partial(lib._step, ctx)
 
+    def addresses(self) -> tuple[int, int, int]:
+        """The addresses of the C walks `counted` and `plain` call and of this stepper's context (alive while it is):
+        what `stepping.module().walker` takes."""
+        return (ctypes.cast(self._step.func, ctypes.c_void_p).value, ctypes.cast(self._plain.func, ctypes.c_void_p).value,
+                int(self._ctx.ctypes.data))
+
     def plain(self, data: bytes, state: int) -> int:
         """The state after `data` from `state` (no counters read), or `-2 - at` where it dies at byte `at`."""
         return self._plain(data, len(data), state)
