@@ -11,11 +11,16 @@ from types import ModuleType
 import numpy as np
 from constrain_kernels import cbuild
 
-__all__ = ["PATCH_MAX", "module", "patch_of"]
+__all__ = ["module", "patch_limit", "patch_of"]
 
-# A row gets a patch when at most this many of its words differ from all 0 (or all 1): 97-98 % of the engine
-# benchmark's rows on Qwen3 (median 3 words of 4,748), all but string content and free text.
-PATCH_MAX = 64
+
+def patch_limit(n_words: int) -> int:
+    """The most words a patch of a row `n_words` wide sets: an eighth of them (its pairs a quarter of the row's bytes),
+    at least 64. A row read for the first time comes from another core's cache or memory (the index's rows are made on
+    a worker thread): a patch is that much less to read, and its fill writes a buffer in this core's cache. On the
+    engine benchmark's rows: 97-98 % have a patch of at most 64 words (median 3); most of the rest 70-350 (the words
+    holding a digit or letter token after an opening quote), or, string content, 800-2,600 (Gemma 4, Llama 3)."""
+    return max(64, n_words // 8)
 
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
@@ -265,17 +270,17 @@ def module() -> ModuleType | None:
 
 def patch_of(key: bytes, mask: np.ndarray | None, n_words: int) -> bytes | None:
     """The patch of a row (`fill`'s second argument), from its `native.sparse_key` (and its words, read only when the
-    key is dense: a row of mostly set bits): None when more than `PATCH_MAX` words differ from both all-0 and all-1."""
+    key is dense): None when more than `patch_limit(n_words)` words differ from both all 0 and all 1."""
     if key[:1] == b"s":
         return struct.pack("<ii", n_words, 0) + key[1:]
     if mask is None:
         return None
     ext = module()
     if ext is not None:
-        return ext.patch(mask, PATCH_MAX)
+        return ext.patch(mask, patch_limit(n_words))
     words = mask.view(np.int32)
     base = 0 if (words != 0).sum() <= (words != -1).sum() else -1  # (as the C patch: fewer words to write)
     off = np.flatnonzero(words != base)
-    if off.shape[0] > PATCH_MAX:
+    if off.shape[0] > patch_limit(n_words):
         return None
     return struct.pack("<ii", n_words, base) + np.column_stack([off.astype(np.int32), words[off]]).tobytes()
