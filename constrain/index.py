@@ -105,7 +105,8 @@ def _prefill_pool() -> concurrent.futures.ThreadPoolExecutor | None:
     return _native.one_worker(_PREFILL_POOL, "constrain-prefill")
 
 
-# A cursor walks a token of at least this many bytes in C (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
+# Where the extension module (`stepping`) is not built, a cursor walks a token of at least this many bytes through
+# ctypes (`native.Stepper`). Warm, a call costs ~0.6 us (counted:
 # ~1.8 us) against ~0.1 us a byte in Python (counted: 0.5 us + 0.16 us a byte); the first call after a compile
 # costs ~6 us more (its caches evicted), so shorter tokens, the common ones, stay in Python. A 40-byte token of a
 # counted string took 17 us in Python (Gemma 4, nested_table's longest steps).
@@ -672,7 +673,7 @@ class TokenIndex:
         if ext is not None and self._stepper is not None:
             walker = ext.walker(*self._stepper.addresses(), n_states)
             self._walk_step = functools.partial(ext.walk, walker)
-            if counters is not None and not self._stacked:
+            if counters is not None:
                 self._walk_counted = functools.partial(ext.walk_counted, walker)
         self._plain_steps = self._walk_step is not None and counters is None  # (every byte token: `advance`'s top)
 
@@ -2130,8 +2131,7 @@ class TokenState:
         `(state, count, limit, stack)` after `data`."""
         idx = self._index
         if idx._walk_counted is not None:
-            s, count, limit, at = idx._walk_counted(s, self._count, self._limit, data)
-            stack = self._stack
+            s, count, limit, at, stack = idx._walk_counted(s, self._count, self._limit, data, self._stack)
         elif idx._stepper is not None and len(data) >= _C_STEP_BYTES:
             s, count, limit, at, stack = idx._stepper.counted(data, s, self._count, self._limit, self._stack)
         else:

@@ -216,26 +216,69 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(out < 0 ? -1 : out);
 }
 
-/* walk_counted(ctx, state, count, limit, data): `automaton.walk_counted` of `data` without a stack: (state, count,
-   limit, at), state -1 and `at` the byte where the walk died or passed its bound, else at -1. */
+/* walk_counted(ctx, state, count, limit, data, stack): `automaton.walk_counted` of `data`: (state, count, limit, at,
+   stack), state -1 and `at` the byte where the walk died, passed its bound or spilled onto a full stack, else at -1.
+   stack: the deep values' spilled kinds (a tuple of ints; the same object back when the walk leaves it as it was;
+   passed through where the automaton has no deep values). */
 static PyObject *walk_counted(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "walk_counted(ctx, state, count, limit, data)");
+    if (nargs != 6 || !PyTuple_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "walk_counted(ctx, state, count, limit, data, stack: tuple)");
         return NULL;
     }
     long long s;
     const walk_ctx *ctx = walk_args(args, &s, args[4]);
     if (!ctx)
         return NULL;
-    if (ctx->ctx[5]) {
-        PyErr_SetString(PyExc_ValueError, "walk_counted() walks an automaton without deep values");
-        return NULL;
-    }
     int64_t io[5] = {s, PyLong_AsLongLong(args[2]), PyLong_AsLongLong(args[3]), -1, 0};
     if (PyErr_Occurred())
         return NULL;
-    ctx->step(ctx->ctx, (const uint8_t *)PyBytes_AS_STRING(args[4]), (int32_t)PyBytes_GET_SIZE(args[4]), io, NULL);
-    return Py_BuildValue("(LLLL)", (long long)io[0], (long long)io[1], (long long)io[2], (long long)io[3]);
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(args[4]);
+    int32_t n = (int32_t)PyBytes_GET_SIZE(args[4]);
+    PyObject *stack = args[5];
+    if (!ctx->ctx[5]) { /* no deep values: no stack to keep */
+        ctx->step(ctx->ctx, data, n, io, NULL);
+        return Py_BuildValue("(LLLLO)", (long long)io[0], (long long)io[1], (long long)io[2], (long long)io[3], stack);
+    }
+    Py_ssize_t depth = PyTuple_GET_SIZE(stack), cap = depth + n; /* a byte spills at most one kind */
+    int32_t small[64];
+    int32_t *buf = cap <= 64 ? small : PyMem_Malloc(sizeof(int32_t) * (size_t)cap);
+    if (!buf)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < depth; i++) {
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(stack, i));
+        if (kind == -1 && PyErr_Occurred()) {
+            if (buf != small)
+                PyMem_Free(buf);
+            return NULL;
+        }
+        buf[i] = (int32_t)kind;
+    }
+    io[4] = depth;
+    ctx->step(ctx->ctx, data, n, io, buf);
+    int same = io[4] == depth;
+    for (Py_ssize_t i = 0; same && i < depth; i++)
+        same = PyLong_AsLong(PyTuple_GET_ITEM(stack, i)) == buf[i];
+    PyObject *after = stack;
+    if (same)
+        Py_INCREF(after);
+    else {
+        after = PyTuple_New((Py_ssize_t)io[4]);
+        for (Py_ssize_t i = 0; after && i < (Py_ssize_t)io[4]; i++) {
+            PyObject *kind = PyLong_FromLong(buf[i]);
+            if (!kind) {
+                Py_CLEAR(after);
+                break;
+            }
+            PyTuple_SET_ITEM(after, i, kind);
+        }
+    }
+    if (buf != small)
+        PyMem_Free(buf);
+    if (!after)
+        return NULL;
+    PyObject *out = Py_BuildValue("(LLLLN)", (long long)io[0], (long long)io[1], (long long)io[2], (long long)io[3],
+                                  after);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -244,7 +287,7 @@ static PyMethodDef methods[] = {
     {"walker", (PyCFunction)(void (*)(void))walker, METH_FASTCALL, "walker(step, plain, ctx, n_states): a context"},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, "walk(ctx, state, data): the state after data"},
     {"walk_counted", (PyCFunction)(void (*)(void))walk_counted, METH_FASTCALL,
-     "walk_counted(ctx, state, count, limit, data): (state, count, limit, at)"},
+     "walk_counted(ctx, state, count, limit, data, stack): (state, count, limit, at, stack)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,8 @@ from constrain.errors import MaskViolation
 from constrain.index import TokenIndex
 from constrain.schema import compile_schema
 
-from test_native import _STEP_SCHEMA
+from constrain import automaton as fa
+from test_native import _STEP_SCHEMA, _deep_value
 
 _EXT = stepping.module()
 
@@ -214,7 +215,7 @@ def test_the_c_walks_advance_as_the_python_walk(gemma4_vocab, kind):
     index = TokenIndex(dfa, gemma4_vocab)
     if index._walk_step is None:
         pytest.skip("the extension is not built here (no compiler or Python.h)")
-    assert (index._walk_counted is not None) == (kind == "counted") and index._plain_steps == (kind == "plain")
+    assert (index._walk_counted is not None) == (kind != "plain") and index._plain_steps == (kind == "plain")
     twin = _python_twin(index)
     rng = np.random.default_rng(5)
     n = len(gemma4_vocab.token_bytes)
@@ -267,3 +268,45 @@ def test_json_texts_walk_to_acceptance_through_the_c_walks(qwen3_vocab):
         for byte in json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode():
             cursor.advance(byte_token[bytes([byte])])
         assert cursor.is_accepting(), kind
+
+
+def test_the_counted_walk_in_c_keeps_the_stack_as_walk_counted_does(gemma4_vocab):
+    """Along valid texts with values nested up to 9 deep (spilled past the automaton's window and refilled), a long
+    counted string and a counted array filled to its bound: every token that spells the next 1-16 bytes, a comma and
+    two random tokens, walked by the extension from the cursor's state, count, bound and stack, give what
+    `automaton.walk_counted` gives (state, count, bound, dying byte, stack); an unchanged stack is the same tuple."""
+    index = TokenIndex(compile_schema(_STEP_SCHEMA, whitespace="compact").dfa, gemma4_vocab)
+    if index._walk_counted is None:
+        pytest.skip("the extension is not built here (no compiler or Python.h)")
+    rng = np.random.default_rng(9)
+    token_bytes = gemma4_vocab.token_bytes
+    byte_token = {}
+    for t, b in enumerate(token_bytes):
+        if b and t not in index._non_byte:
+            byte_token.setdefault(b, t)
+    seen = {"died": 0, "spilled": 0, "refilled": 0, "kept": 0}
+    for i in range(6):
+        value = {"v": _deep_value(rng), "xs": rng.integers(-99, 99, size=150 - i % 3).tolist(), "s": "ab\u00e9 c" * 90}
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        cursor = index.start()
+        for at in range(len(text)):
+            ahead = [byte_token[text[at : at + n]] for n in range(1, 17) if text[at : at + n] in byte_token]
+            for t in ahead + [byte_token[b","]] + rng.integers(len(token_bytes), size=2).tolist():
+                data = token_bytes[t]
+                if not data:
+                    continue
+                spilled = list(cursor._stack)
+                want = fa.walk_counted(index._tr_view, index._n_classes, index._cls_list, index._eff_view,
+                                       index._limits, cursor._state, data, cursor._count, cursor._limit,
+                                       index._spill_view, index._refill_view, spilled)
+                got = index._walk_counted(cursor._state, cursor._count, cursor._limit, data, cursor._stack)
+                assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
+                if got[4] == cursor._stack:
+                    assert got[4] is cursor._stack
+                    seen["kept"] += 1
+                seen["died"] += want[3] >= 0
+                seen["spilled"] += want[3] < 0 and len(spilled) > len(cursor._stack)
+                seen["refilled"] += want[3] < 0 and len(spilled) < len(cursor._stack)
+            cursor.advance(byte_token[text[at : at + 1]])
+        assert cursor.is_accepting()
+    assert min(seen.values()) > 20, seen
