@@ -181,8 +181,15 @@ static PyObject *walker(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return capsule;
 }
 
-/* The context and a checked state and bytes, or NULL with an error set. */
-static const walk_ctx *walk_args(PyObject *const *args, long long *state, PyObject *data) {
+/* The context and a checked state of a walk called with `usage` (`want` arguments: the context, the state, ...,
+   the token's bytes at `at_data`), or NULL with an error set. */
+static const walk_ctx *walk_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
+                                 Py_ssize_t at_data, long long *state) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    PyObject *data = args[at_data];
     if (!PyBytes_CheckExact(data)) {
         PyErr_SetString(PyExc_TypeError, "a token's bytes must be bytes");
         return NULL;
@@ -203,12 +210,8 @@ static const walk_ctx *walk_args(PyObject *const *args, long long *state, PyObje
 /* walk(ctx, state, data): the state after the bytes `data` from `state` (counters not read), or -1 where the DFA
    dies on them or `data` is empty. */
 static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "walk(ctx, state, data)");
-        return NULL;
-    }
     long long s;
-    const walk_ctx *ctx = walk_args(args, &s, args[2]);
+    const walk_ctx *ctx = walk_args(args, nargs, 3, "walk(ctx, state, data: bytes)", 2, &s);
     if (!ctx)
         return NULL;
     Py_ssize_t n = PyBytes_GET_SIZE(args[2]);
@@ -221,14 +224,15 @@ static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
    stack: the deep values' spilled kinds (a tuple of ints; the same object back when the walk leaves it as it was;
    passed through where the automaton has no deep values). */
 static PyObject *walk_counted(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyTuple_CheckExact(args[5])) {
-        PyErr_SetString(PyExc_TypeError, "walk_counted(ctx, state, count, limit, data, stack: tuple)");
-        return NULL;
-    }
     long long s;
-    const walk_ctx *ctx = walk_args(args, &s, args[4]);
+    const walk_ctx *ctx = walk_args(args, nargs, 6, "walk_counted(ctx, state, count, limit, data: bytes, stack: tuple)",
+                                    4, &s);
     if (!ctx)
         return NULL;
+    if (!PyTuple_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "walk_counted(ctx, state, count, limit, data: bytes, stack: tuple)");
+        return NULL;
+    }
     int64_t io[5] = {s, PyLong_AsLongLong(args[2]), PyLong_AsLongLong(args[3]), -1, 0};
     if (PyErr_Occurred())
         return NULL;

@@ -459,23 +459,17 @@ def _deep_value(rng: np.random.Generator, depth: int = 0):
     return {f"k{i}": _deep_value(rng, depth + 1) for i in range(rng.integers(1, 3))}
 
 
-def test_the_c_step_reads_bytes_as_walk_counted_does(gemma4_vocab):
-    """`Stepper.counted` and `Stepper.plain` against `automaton.walk_counted` and the table walk they replace in
-    `TokenState.advance`: along valid texts with values nested up to 9 deep (past the window: spilled and refilled),
-    a long counted string and a counted array filled to its bound, every token that spells the next 1-16 bytes, a
-    comma and two random ones, read
-    from the cursor's state, count, bound and stack, give the same state, count, bound, stack and dying byte."""
-    index = TokenIndex(compile_schema(_STEP_SCHEMA, whitespace="compact").dfa, gemma4_vocab)
-    assert index._stacked and index._limits and index._stepper is not None
-    plain = TokenIndex(compile_schema(_WALK_SCHEMAS[0], whitespace="compact").dfa, gemma4_vocab)
-    rng = np.random.default_rng(7)
-    token_bytes = gemma4_vocab.token_bytes
+def counted_walk_cases(index: TokenIndex, rng: np.random.Generator, n_texts: int):
+    """Cases for a walk of `_STEP_SCHEMA`'s index against `automaton.walk_counted`: along valid texts with values nested
+    up to 9 deep (past the window: spilled and refilled), a long counted string and a counted array filled to its
+    bound, every token that spells the next 1-16 bytes, a comma and two random ones, from the cursor there:
+    `(cursor, token, its bytes, walk_counted's (state, count, bound, dying byte), the stack it leaves)`."""
+    token_bytes = index.vocab.token_bytes
     byte_token = {}
     for t, b in enumerate(token_bytes):
         if b and t not in index._non_byte:
             byte_token.setdefault(b, t)
-    seen = {"died": 0, "spilled": 0, "refilled": 0, "ticked": 0, "bounded": 0}
-    for i in range(12):
+    for i in range(n_texts):
         value = {"v": _deep_value(rng), "xs": rng.integers(-99, 99, size=150 - i % 3).tolist(),
                  "s": "ab\u00e9 c" * (120 - i % 2 * 30)}
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
@@ -490,15 +484,36 @@ def test_the_c_step_reads_bytes_as_walk_counted_does(gemma4_vocab):
                 want = fa.walk_counted(index._tr_view, index._n_classes, index._cls_list, index._eff_view,
                                        index._limits, cursor._state, data, cursor._count, cursor._limit,
                                        index._spill_view, index._refill_view, spilled)
-                got = index._stepper.counted(data, cursor._state, cursor._count, cursor._limit, cursor._stack)
-                assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
-                seen["died"] += want[3] >= 0
-                seen["spilled"] += want[3] < 0 and len(spilled) > len(cursor._stack)
-                seen["refilled"] += want[3] < 0 and len(spilled) < len(cursor._stack)
-                seen["ticked"] += want[3] < 0 and want[1] > cursor._count
-                seen["bounded"] += want[3] >= 0 and 0 <= want[2] < want[1]
+                yield cursor, t, data, want, spilled
             cursor.advance(byte_token[text[at : at + 1]])
         assert cursor.is_accepting()
+
+
+def tally_walk(seen: dict[str, int], cursor, want: tuple, spilled: list[int]) -> None:
+    """Count what one `counted_walk_cases` case exercised, under the keys `seen` has."""
+    outcomes = {"died": want[3] >= 0, "spilled": want[3] < 0 and len(spilled) > len(cursor._stack),
+                "refilled": want[3] < 0 and len(spilled) < len(cursor._stack),
+                "ticked": want[3] < 0 and want[1] > cursor._count, "bounded": want[3] >= 0 and 0 <= want[2] < want[1]}
+    for key in seen:
+        seen[key] += outcomes.get(key, False)
+
+
+def test_the_c_step_reads_bytes_as_walk_counted_does(gemma4_vocab):
+    """`Stepper.counted` and `Stepper.plain` against `automaton.walk_counted` and the table walk they replace in
+    `TokenState.advance`: along valid texts with values nested up to 9 deep (past the window: spilled and refilled),
+    a long counted string and a counted array filled to its bound, every token that spells the next 1-16 bytes, a
+    comma and two random ones, read
+    from the cursor's state, count, bound and stack, give the same state, count, bound, stack and dying byte."""
+    index = TokenIndex(compile_schema(_STEP_SCHEMA, whitespace="compact").dfa, gemma4_vocab)
+    assert index._stacked and index._limits and index._stepper is not None
+    plain = TokenIndex(compile_schema(_WALK_SCHEMAS[0], whitespace="compact").dfa, gemma4_vocab)
+    rng = np.random.default_rng(7)
+    token_bytes = gemma4_vocab.token_bytes
+    seen = {"died": 0, "spilled": 0, "refilled": 0, "ticked": 0, "bounded": 0}
+    for cursor, t, data, want, spilled in counted_walk_cases(index, rng, 12):
+        got = index._stepper.counted(data, cursor._state, cursor._count, cursor._limit, cursor._stack)
+        assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
+        tally_walk(seen, cursor, want, spilled)
     assert min(seen.values()) > 20, seen
     for _ in range(3000):
         data = token_bytes[rng.integers(len(token_bytes))] or b"x"

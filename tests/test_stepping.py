@@ -17,8 +17,7 @@ from constrain.errors import MaskViolation
 from constrain.index import TokenIndex
 from constrain.schema import compile_schema
 
-from constrain import automaton as fa
-from test_native import _STEP_SCHEMA, _deep_value
+from test_native import _STEP_SCHEMA, counted_walk_cases, tally_walk
 
 _EXT = stepping.module()
 
@@ -271,42 +270,19 @@ def test_json_texts_walk_to_acceptance_through_the_c_walks(qwen3_vocab):
 
 
 def test_the_counted_walk_in_c_keeps_the_stack_as_walk_counted_does(gemma4_vocab):
-    """Along valid texts with values nested up to 9 deep (spilled past the automaton's window and refilled), a long
-    counted string and a counted array filled to its bound: every token that spells the next 1-16 bytes, a comma and
-    two random tokens, walked by the extension from the cursor's state, count, bound and stack, give what
-    `automaton.walk_counted` gives (state, count, bound, dying byte, stack); an unchanged stack is the same tuple."""
+    """The extension's counted walk against `automaton.walk_counted` on `test_native`'s cases (texts nested 9 deep,
+    a long counted string, a counted array filled to its bound; tokens ahead, a comma, random ones): the same state,
+    count, bound, dying byte and stack; an unchanged stack is the same tuple."""
     index = TokenIndex(compile_schema(_STEP_SCHEMA, whitespace="compact").dfa, gemma4_vocab)
     if index._walk_counted is None:
         pytest.skip("the extension is not built here (no compiler or Python.h)")
-    rng = np.random.default_rng(9)
-    token_bytes = gemma4_vocab.token_bytes
-    byte_token = {}
-    for t, b in enumerate(token_bytes):
-        if b and t not in index._non_byte:
-            byte_token.setdefault(b, t)
-    seen = {"died": 0, "spilled": 0, "refilled": 0, "kept": 0}
-    for i in range(6):
-        value = {"v": _deep_value(rng), "xs": rng.integers(-99, 99, size=150 - i % 3).tolist(), "s": "ab\u00e9 c" * 90}
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-        cursor = index.start()
-        for at in range(len(text)):
-            ahead = [byte_token[text[at : at + n]] for n in range(1, 17) if text[at : at + n] in byte_token]
-            for t in ahead + [byte_token[b","]] + rng.integers(len(token_bytes), size=2).tolist():
-                data = token_bytes[t]
-                if not data:
-                    continue
-                spilled = list(cursor._stack)
-                want = fa.walk_counted(index._tr_view, index._n_classes, index._cls_list, index._eff_view,
-                                       index._limits, cursor._state, data, cursor._count, cursor._limit,
-                                       index._spill_view, index._refill_view, spilled)
-                got = index._walk_counted(cursor._state, cursor._count, cursor._limit, data, cursor._stack)
-                assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
-                if got[4] == cursor._stack:
-                    assert got[4] is cursor._stack
-                    seen["kept"] += 1
-                seen["died"] += want[3] >= 0
-                seen["spilled"] += want[3] < 0 and len(spilled) > len(cursor._stack)
-                seen["refilled"] += want[3] < 0 and len(spilled) < len(cursor._stack)
-            cursor.advance(byte_token[text[at : at + 1]])
-        assert cursor.is_accepting()
-    assert min(seen.values()) > 20, seen
+    seen = {"died": 0, "spilled": 0, "refilled": 0, "ticked": 0, "bounded": 0}
+    kept = 0
+    for cursor, t, data, want, spilled in counted_walk_cases(index, np.random.default_rng(9), 6):
+        got = index._walk_counted(cursor._state, cursor._count, cursor._limit, data, cursor._stack)
+        assert got == (*want, tuple(spilled)), (t, data, cursor._state, cursor._stack)
+        if got[4] == cursor._stack:
+            assert got[4] is cursor._stack
+            kept += 1
+        tally_walk(seen, cursor, want, spilled)
+    assert min(seen.values()) > 20 and kept > 20, (seen, kept)
