@@ -2003,7 +2003,8 @@ class TokenState:
         row read for the first time then costs a few cache lines, not `4 * n_words` bytes.
 
         Raises:
-            ValueError: `out` is not such a buffer.
+            TypeError: `out` is not a buffer (a numpy array, say).
+            ValueError: `out` is a buffer of another width, item size or layout, or read-only.
             InternalError: `budget` is negative.
         """
         idx = self._index
@@ -2023,9 +2024,12 @@ class TokenState:
             patch = idx._patches[row]
             idx._fill_words(out, idx._row_words(row) if patch is None else patch)
             return
-        if not isinstance(out, np.ndarray) or out.shape != (idx._n_words,) or out.dtype.itemsize != 4:
-            raise ValueError(f"the mask buffer must be an array of {idx._n_words} 4-byte words, got "
-                             f"{getattr(out, 'shape', type(out).__name__)} of {getattr(out, 'dtype', '?')}")
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"the mask buffer must be a numpy array (or another writable buffer where the extension "
+                            f"is built), got {type(out).__name__}")
+        if out.shape != (idx._n_words,) or out.dtype.itemsize != 4 or not out.flags.writeable:
+            raise ValueError(f"the mask buffer must hold {idx._n_words} 4-byte words and be writable, got shape "
+                             f"{out.shape} of {out.dtype}")
         np.copyto(out, idx._row_words(row).view(out.dtype))
 
     def allowed_token_ids(self, budget: int | None = None) -> np.ndarray:

@@ -195,6 +195,12 @@ def test_fill_mask_refuses_a_buffer_of_another_shape(llama3_vocab, use_ext):
                 np.zeros(index.n_words, np.int64), np.zeros(index.n_words, np.int16)):
         with pytest.raises(ValueError):
             cursor.fill_mask(bad)
+    frozen = np.zeros(index.n_words, np.int32)
+    frozen.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):  # (numpy's own error for a read-only buffer asked writable)
+        cursor.fill_mask(frozen)
+    with pytest.raises(TypeError):
+        cursor.fill_mask([0] * index.n_words)
 
 
 def _python_twin(index: TokenIndex) -> TokenIndex:
