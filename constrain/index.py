@@ -676,6 +676,7 @@ class TokenIndex:
             if counters is not None:
                 self._walk_counted = functools.partial(ext.walk_counted, walker)
         self._plain_steps = self._walk_step is not None and counters is None  # (every byte token: `advance`'s top)
+        self._quick_steps = self._plain_steps or (self._walk_counted is not None and not self._stacked)
 
     @functools.cached_property
     def _node_cls(self) -> np.ndarray:
@@ -2062,12 +2063,19 @@ class TokenState:
         """
         idx = self._index
         t = int(token_id)
-        if budget is None and idx._plain_steps and not self._finished and 0 <= t < idx._n_tokens:
-            # a byte token of a DFA without counters: the walk in C (a dead walk takes the path below, which says why)
-            if t not in idx._non_byte and t not in idx._special_cls:
+        if (budget is None and idx._quick_steps and not self._finished and 0 <= t < idx._n_tokens
+                and t not in idx._non_byte and t not in idx._special_cls):
+            # a byte token without a budget, the walk in C; a walk that dies (or an empty token) takes the path below,
+            # which says why
+            if idx._plain_steps:  # no counters
                 s = idx._walk_step(self._state, idx._token_bytes[t])
                 if s >= 0:
                     self._state = s
+                    return
+            elif data := idx._token_bytes[t]:  # counted strings and arrays, no deep values: every token counted
+                s, count, limit, at, _ = idx._walk_counted(self._state, self._count, self._limit, data, ())
+                if at < 0 and not (limit >= 0 and count == limit and idx._need_ticks()[s]):
+                    self._state, self._count, self._limit = s, count, limit
                     return
         if budget is not None and budget < 0:
             raise InternalError(f"budget must be >= 0 tokens, got {budget}")

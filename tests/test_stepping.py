@@ -207,7 +207,7 @@ def _python_twin(index: TokenIndex) -> TokenIndex:
     """The same index with the cursor's C walks off: `advance` walks every token in Python."""
     twin = TokenIndex(index._dfa, index.vocab)
     twin._walk_step = twin._walk_counted = twin._stepper = None
-    twin._plain_steps = False
+    twin._plain_steps = twin._quick_steps = False
     return twin
 
 
