@@ -2063,10 +2063,10 @@ class TokenState:
         """
         idx = self._index
         t = int(token_id)
-        if (budget is None and idx._quick_steps and not self._finished and 0 <= t < idx._n_tokens
-                and t not in idx._non_byte and t not in idx._special_cls):
-            # a byte token without a budget, the walk in C; a walk that dies (or an empty token) takes the path below,
-            # which says why
+        if ((budget is None or (idx._bound and budget >= idx._free_from)) and idx._quick_steps and not self._finished
+                and 0 <= t < idx._n_tokens and t not in idx._non_byte and t not in idx._special_cls):
+            # a byte token under no budget (or one at or past every state's bound: `_free_at`, `_fits` hold), the walk
+            # in C; a walk that dies (or an empty token) takes the path below, which says why
             if idx._plain_steps:  # no counters
                 s = idx._walk_step(self._state, idx._token_bytes[t])
                 if s >= 0:

@@ -3,6 +3,7 @@ walks, equal to the numpy and Python paths they stand in for."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -214,8 +215,9 @@ def _python_twin(index: TokenIndex) -> TokenIndex:
 @pytest.mark.parametrize("kind", list(_SCHEMAS))
 def test_the_c_walks_advance_as_the_python_walk(gemma4_vocab, kind):
     """From the states of random walks, every token that spells the text ahead and random tokens (byte tokens,
-    specials, EOS, ids out of range) move the cursor to the same state, count and bound, or raise the same
-    MaskViolation (the same dying byte), with the C walks and without."""
+    specials, EOS, ids out of range), under no budget, a budget past every state's bound and a tight one, move the
+    cursor to the same state, count and bound, or raise the same MaskViolation (the same dying byte), with the C
+    walks and without."""
     dfa = compile_schema(_SCHEMAS[kind], whitespace="compact").dfa
     index = TokenIndex(dfa, gemma4_vocab)
     if index._walk_step is None:
@@ -229,18 +231,20 @@ def test_the_c_walks_advance_as_the_python_walk(gemma4_vocab, kind):
         ids = rng.integers(n, size=6).tolist() + [-1, n, gemma4_vocab.vocab_size - 1, *gemma4_vocab.eos_ids[:1]]
         if t is not None:
             ids.append(t)
-        for tok in ids:
+        # no budget, one at or past every state's bound (the quick path), and a tight one (the full path)
+        budgets = [None, index._bounds()[1] + int(rng.integers(3)), int(rng.integers(1, 4))]
+        for tok, budget in itertools.product(ids, budgets):
             mine, theirs = cursor.fork(), cursor.fork()
             theirs._index = twin
             try:
-                theirs.advance(tok)
+                theirs.advance(tok, budget)
             except MaskViolation as err:
                 with pytest.raises(MaskViolation) as got:
-                    mine.advance(tok)
+                    mine.advance(tok, budget)
                 assert str(got.value) == str(err)
                 outcomes["refused"] += 1
                 continue
-            mine.advance(tok)
+            mine.advance(tok, budget)
             assert (mine._state, mine._count, mine._limit, mine._stack, mine._finished) == (
                 theirs._state, theirs._count, theirs._limit, theirs._stack, theirs._finished)
             outcomes["moved"] += 1
