@@ -1926,7 +1926,13 @@ class TokenState:
         return None
 
     def mask_row(self, budget: int | None = None) -> int:
-        """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed)."""
+        """The row of `index.mask_table()` that holds this cursor's mask under `budget` (computing it if needed).
+
+        Raises:
+            InternalError: `budget` is negative.
+        """
+        if budget is not None and budget < 0:
+            raise InternalError(f"budget must be >= 0 tokens, got {budget}")
         idx = self._index
         if idx._stacked:
             budget = self._binding(budget)
@@ -1977,6 +1983,8 @@ class TokenState:
         Raises:
             InternalError: `budget` is negative.
         """
+        if budget is not None and budget < 0:
+            raise InternalError(f"budget must be >= 0 tokens, got {budget}")
         idx = self._index
         s = idx._n_states if self._finished else self._state
         if idx._background is not None and s != idx._start_state:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from constrain import stepping
-from constrain.errors import MaskViolation
+from constrain.errors import InternalError, MaskViolation
 from constrain.index import TokenIndex
 from constrain.schema import compile_schema
 
@@ -202,6 +202,18 @@ def test_fill_mask_refuses_a_buffer_of_another_shape(llama3_vocab, use_ext):
         cursor.fill_mask(frozen)
     with pytest.raises(TypeError):
         cursor.fill_mask([0] * index.n_words)
+
+
+@pytest.mark.parametrize("kind", list(_SCHEMAS))
+def test_a_negative_budget_is_refused_by_every_mask_call(llama3_vocab, kind):
+    index = TokenIndex(compile_schema(_SCHEMAS[kind], whitespace="compact").dfa, llama3_vocab)
+    cursor = index.start()
+    cursor.advance(llama3_vocab.token_bytes.index(b"{"))
+    out = np.zeros(index.n_words, np.int32)
+    for call in (lambda: cursor.mask(-1), lambda: cursor.mask_row(-1), lambda: cursor.fill_mask(out, -1),
+                 lambda: cursor.allowed_token_ids(-1)):
+        with pytest.raises(InternalError):
+            call()
 
 
 def _python_twin(index: TokenIndex) -> TokenIndex:
