@@ -483,7 +483,8 @@ class TokenIndex:
         # row -> the span of `_pending_pairs` (word index, value) holding its nonzero words
         self._pending: dict[int, tuple[int, int]] = {}
         self._pending_pairs = np.zeros((0, 2), np.int32)
-        self._row_key: dict[bytes, int] = {}
+        self._row_key: dict[bytes | int, int] = {}  # a row's `native.sparse_key`, or its hash (`_row_slot`) -> row
+        self._key_bytes = self._patch_bytes = 0  # held by `_row_key`'s keys and by `_patches` (`nbytes`)
         self._row_of: list[int] = [-1] * (self._n_states + 1)  # last entry: the finished pseudo-state
         self._table_cache: np.ndarray | None = None
         self._row_of[self._n_states] = self._insert_row(*self._finished_mask())
@@ -727,6 +728,7 @@ class TokenIndex:
         self._pending = {}
         self._pending_pairs = np.zeros((0, 2), np.int32)
         self._row_key = {}
+        self._key_bytes = self._patch_bytes = 0
         for row in state["rows"]:
             self._insert_row(np.array(row, dtype=np.int32))
         self._row_of = list(state["row_of"])
@@ -921,9 +923,11 @@ class TokenIndex:
             return self._table_cache, np.asarray(self._row_of, dtype=np.int32)
 
     def nbytes(self) -> int:
-        """Estimate of the memory this index holds now: mask rows and per-DFA arrays (the shared trie excluded)."""
+        """Estimate of the memory this index holds now: mask rows with their patches and deduplication keys, and
+        per-DFA arrays (the shared trie excluded)."""
         with self._lock:
             rows = (len(self._rows) - len(self._pending)) * self._n_words * 4 + int(self._pending_pairs.nbytes)
+            rows += self._key_bytes + self._patch_bytes
             table = 0 if self._table_cache is None else int(self._table_cache.nbytes)
             budget = (0 if self._min_tokens is None else 24 * len(self._row_of)) + 120 * len(self._budget_rows)
             if self._hi:  # searched distances: proven bounds, destinations walked
@@ -940,15 +944,34 @@ class TokenIndex:
         `native.sparse_key`, when known."""
         if key is None:
             key = _native.sparse_key(mask)
-        row = self._row_key.get(key)
+        slot, row = self._row_slot(key)
         if row is None:
             row = len(self._rows)
             mask = np.array(mask.view(np.int32), dtype=np.int32, copy=True)
             mask.flags.writeable = False
             self._rows.append(mask)
-            self._patches.append(_stepping.patch_of(key, mask, self._n_words))
-            self._row_key[key] = row
+            self._add_patch(_stepping.patch_of(key, mask, self._n_words))
+            self._row_key[slot] = row
+            self._key_bytes += len(slot) if type(slot) is bytes else 8
         return row
+
+    def _row_slot(self, key: bytes) -> tuple[bytes | int, int | None]:
+        """`(its entry in _row_key, the row)` of a mask with `native.sparse_key` `key`; the row is None when new. A
+        dense key (the whole row's bytes) is entered by its hash, not kept: the row itself is compared on a hit (the
+        keys were 10-30 % of an index's bytes on the engine benchmark's workloads). Where two rows' hashes collide,
+        the later goes by its whole key."""
+        if key[:1] != b"f":
+            return key, self._row_key.get(key)
+        slot = hash(key)
+        row = self._row_key.get(slot)
+        if row is not None and self._rows[row].tobytes() != key[1:]:
+            slot, row = key, self._row_key.get(key)
+        return slot, row
+
+    def _add_patch(self, patch: bytes | None) -> None:
+        self._patches.append(patch)
+        if patch is not None:
+            self._patch_bytes += len(patch)
 
     # ---- counted strings
 
@@ -1202,17 +1225,21 @@ class TokenIndex:
             rows.extend([None] * len(new))
             head = struct.pack("<ii", self._n_words, 0)  # (`stepping.patch_of` of a sparse key)
             self._patches.extend([head + blob[bounds[u] : bounds[u + 1]] for u in new])
+            spans = sum(bounds[u + 1] - bounds[u] for u in new)
+            self._patch_bytes += 8 * len(new) + spans
+            self._key_bytes += len(new) + spans
             pair_off = off // 2
             if dense:  # made side by side in one block (a new one's row is a view of it)
                 block = self._rows_block(np.asarray(dense, np.int64), pair_off, pairs)
                 block.flags.writeable = False
                 for i, u in enumerate(dense):
                     key = b"f" + block[i].tobytes()  # (`native.sparse_key`'s dense form)
-                    r = row_key.get(key)
+                    slot, r = self._row_slot(key)
                     if r is None:
-                        r = row_key[key] = len(rows)
+                        r = row_key[slot] = len(rows)
                         rows.append(block[i])
-                        self._patches.append(_stepping.patch_of(key, block[i], self._n_words))
+                        self._add_patch(_stepping.patch_of(key, block[i], self._n_words))
+                        self._key_bytes += len(slot) if type(slot) is bytes else 8
                     row_of_u[u] = r
             lazy_from = min(len(new), _EAGER_ROWS)
             if lazy_from < len(new):  # rows of an earlier batch may still wait on their words: these go after them

@@ -481,6 +481,31 @@ def test_real_vocabulary_eager_equals_lazy(request, name):
     assert lazy.min_tokens_from_start() == eager.min_tokens_from_start()
 
 
+def test_dense_rows_are_found_by_hash_and_compared(llama3_vocab):
+    """A dense row (more nonzero words than a sparse key holds) is entered in the deduplication table by its key's
+    hash, and the row itself is compared on a hit: under a forced hash collision the new mask gets a row of its own,
+    found again by its whole key. `nbytes` counts the keys and patches held."""
+    from constrain import native
+
+    vocab = llama3_vocab
+    dfa = fa.compile(COMPILED["json_object"])
+    index = TokenIndex(dfa, vocab)
+    inside = dfa.step(dfa.start, b'{"ab')
+    row = index.row_for_state(inside)
+    words = index.mask_for_state(inside).copy()
+    assert native.sparse_key(words)[:1] == b"f"
+    assert index._insert_row(words.copy()) == row
+    other = words.copy()
+    other[3] ^= 1 << 7
+    index._row_key[hash(native.sparse_key(other))] = row  # its hash names the first row
+    new = index._insert_row(other)
+    assert new != row and np.array_equal(index._row_words(new), other)
+    assert index._insert_row(other.copy()) == new and index._insert_row(words.copy()) == row
+    assert native.sparse_key(other) in index._row_key  # (entered by its whole key)
+    assert index._key_bytes + 8 == sum(len(k) if isinstance(k, bytes) else 8 for k in index._row_key)  # (+ the forced)
+    assert index._patch_bytes == sum(len(p) for p in index._patches if p is not None)
+
+
 def test_qwen3_tool_call_special_tokens(qwen3_vocab):
     vocab = qwen3_vocab
     tool_open, tool_close = vocab.special_tokens["<tool_call>"], vocab.special_tokens["</tool_call>"]
