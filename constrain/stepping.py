@@ -15,12 +15,16 @@ __all__ = ["module", "patch_limit", "patch_of"]
 
 
 def patch_limit(n_words: int) -> int:
-    """The most words a patch of a row `n_words` wide sets: an eighth of them (its pairs a quarter of the row's bytes),
-    at least 64. A row read for the first time comes from another core's cache or memory (the index's rows are made on
-    a worker thread): a patch is that much less to read, and its fill writes a buffer in this core's cache. On the
-    engine benchmark's rows: 97-98 % have a patch of at most 64 words (median 3); most of the rest 70-350 (the words
-    holding a digit or letter token after an opening quote), or, string content, 800-2,600 (Gemma 4, Llama 3)."""
-    return max(64, n_words // 8)
+    """The most words a patch of a row `n_words` wide sets: a quarter of them (its pairs half the row's bytes), at most
+    1,024 (8 KiB of pairs) and at least 64. A row read for the first time comes from another core's cache or memory
+    (the index's rows are made on a worker thread): a patch is that much less to read, and its fill writes a buffer in
+    this core's cache. On the engine benchmark's rows: 97-98 % have a patch of at most 64 words (median 3); most of the
+    rest 70-350 (the words holding a digit or letter token after an opening quote), 530-570 (`nested_users`' e-mail
+    and date-time characters on Llama 3, over the eighth of a row the limit was until session 40: their first reads
+    were the replay's slowest steps after the fill's wait, cold p99 4.98 -> 3.68 us and 3.64 -> 3.07 in two runs of 7
+    and 9 cold compiles), or, string content, 800-2,600 (Gemma 4, Llama 3)."""
+    return max(64, min(n_words // 4, 1024))
+
 
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
