@@ -950,9 +950,7 @@ class TokenIndex:
             mask = np.array(mask.view(np.int32), dtype=np.int32, copy=True)
             mask.flags.writeable = False
             self._rows.append(mask)
-            self._add_patch(_stepping.patch_of(key, mask, self._n_words))
-            self._row_key[slot] = row
-            self._key_bytes += len(slot) if type(slot) is bytes else 8
+            self._enter_row(slot, row, _stepping.patch_of(key, mask, self._n_words))
         return row
 
     def _row_slot(self, key: bytes) -> tuple[bytes | int, int | None]:
@@ -968,7 +966,10 @@ class TokenIndex:
             slot, row = key, self._row_key.get(key)
         return slot, row
 
-    def _add_patch(self, patch: bytes | None) -> None:
+    def _enter_row(self, slot: bytes | int, row: int, patch: bytes | None) -> None:
+        """A new row's deduplication entry and patch (`_insert_row`, a batch's dense rows), their bytes counted (`nbytes`)."""
+        self._row_key[slot] = row
+        self._key_bytes += len(slot) if type(slot) is bytes else 8
         self._patches.append(patch)
         if patch is not None:
             self._patch_bytes += len(patch)
@@ -1236,10 +1237,9 @@ class TokenIndex:
                     key = b"f" + block[i].tobytes()  # (`native.sparse_key`'s dense form)
                     slot, r = self._row_slot(key)
                     if r is None:
-                        r = row_key[slot] = len(rows)
+                        r = len(rows)
                         rows.append(block[i])
-                        self._add_patch(_stepping.patch_of(key, block[i], self._n_words))
-                        self._key_bytes += len(slot) if type(slot) is bytes else 8
+                        self._enter_row(slot, r, _stepping.patch_of(key, block[i], self._n_words))
                     row_of_u[u] = r
             lazy_from = min(len(new), _EAGER_ROWS)
             if lazy_from < len(new):  # rows of an earlier batch may still wait on their words: these go after them
