@@ -967,7 +967,8 @@ class TokenIndex:
         return slot, row
 
     def _enter_row(self, slot: bytes | int, row: int, patch: bytes | None) -> None:
-        """A new row's deduplication entry and patch (`_insert_row`, a batch's dense rows), their bytes counted (`nbytes`)."""
+        """A new row's deduplication entry and patch (`_insert_row`, a batch's dense rows), their bytes counted
+        (`nbytes`)."""
         self._row_key[slot] = row
         self._key_bytes += len(slot) if type(slot) is bytes else 8
         self._patches.append(patch)
